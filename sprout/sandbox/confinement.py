@@ -1,0 +1,106 @@
+"""The exec profile: how a command must be confined to run in a sandbox exactly as `podman exec` would.
+
+It is read off the container's init process, which runc started with the same OCI process spec that
+`podman exec` applies (capability sets, no_new_privs, seccomp, user, env, rlimits), plus the
+container's cgroups from runc's state. The seccomp filter is dumped as BPF with ptrace
+(PTRACE_SECCOMP_GET_FILTER), so the runtime loads the container's own filter, byte for byte.
+"""
+
+import ctypes
+import json
+import marshal
+import os
+import resource
+from pathlib import Path
+
+from .errors import SandboxStateError
+
+RUNC_STATE_DIRS = (Path("/run/runc"), Path("/run/runc-ctrs"))
+PTRACE_SEIZE, PTRACE_INTERRUPT, PTRACE_DETACH, PTRACE_SECCOMP_GET_FILTER = 0x4206, 0x4207, 17, 0x420C
+WALL = 0x40000000
+RLIMITS = [getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_")]
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+_libc.ptrace.restype = ctypes.c_long
+
+
+def runc_state(container_id: str) -> dict | None:
+    for root in RUNC_STATE_DIRS:
+        path = root / container_id / "state.json"
+        if path.exists():
+            return json.loads(path.read_text())
+    return None
+
+
+def proc_starttime(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_bytes()
+    return int(stat[stat.rindex(b")") + 2:].split()[19])
+
+
+def _status_fields(pid: int) -> dict[str, str]:
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = value.strip()
+    return fields
+
+
+def dump_seccomp(pid: int) -> list[bytes]:
+    """The process's seccomp filters as BPF programs, oldest first (the order to load them in)."""
+    if _libc.ptrace(PTRACE_SEIZE, pid, None, None) != 0:
+        raise SandboxStateError(f"cannot trace the sandbox init {pid}: {os.strerror(ctypes.get_errno())}")
+    try:
+        _libc.ptrace(PTRACE_INTERRUPT, pid, None, None)
+        os.waitpid(pid, WALL)
+        filters = []
+        while (count := _libc.ptrace(PTRACE_SECCOMP_GET_FILTER, pid, ctypes.c_void_p(len(filters)), None)) > 0:
+            buf = ctypes.create_string_buffer(count * 8)
+            _libc.ptrace(PTRACE_SECCOMP_GET_FILTER, pid, ctypes.c_void_p(len(filters)), buf)
+            filters.append(buf.raw)
+    finally:
+        _libc.ptrace(PTRACE_DETACH, pid, None, None)
+    return filters[::-1]
+
+
+def capture(container_id: str) -> dict:
+    """The exec profile of a running container (see sprout/sandbox/runtime.py for how it is applied)."""
+    state = runc_state(container_id)
+    if state is None:
+        raise SandboxStateError(f"container {container_id[:12]} is not running (no runc state)")
+    pid = state["init_process_pid"]
+    status = _status_fields(pid)
+    uid = int(status["Uid"].split()[0])
+    gid = int(status["Gid"].split()[0])
+    groups = [int(g) for g in status["Groups"].split()]
+    env = {}
+    for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+        key, sep, value = item.decode(errors="surrogateescape").partition("=")
+        if sep:
+            env[key] = value
+    cgroup_procs = []
+    for path in sorted(set(state["cgroup_paths"].values())):
+        procs = Path(path) / "cgroup.procs"
+        if procs.exists():
+            cgroup_procs.append(str(procs))
+    return {
+        "container_id": container_id,
+        "init_pid": pid,
+        "init_starttime": proc_starttime(pid),
+        "cgroup_procs": cgroup_procs,
+        "uid": uid,
+        "gid": gid,
+        "groups": groups,
+        "caps": {key: int(status[f"Cap{name}"], 16) for key, name in
+                 (("bnd", "Bnd"), ("eff", "Eff"), ("prm", "Prm"), ("inh", "Inh"), ("amb", "Amb"))},
+        "no_new_privs": status.get("NoNewPrivs") == "1",
+        "seccomp": dump_seccomp(pid) if status.get("Seccomp") == "2" else [],
+        "env": env,
+        "rlimits": [[r, *resource.prlimit(pid, r)] for r in RLIMITS],
+    }
+
+
+def write(profile: dict, path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(marshal.dumps(profile))
+    os.replace(tmp, path)

@@ -1,0 +1,33 @@
+"""Errors a user can cause or meet; each carries one clear message (the CLI prints it, no traceback)."""
+
+
+class SproutError(Exception):
+    """Base class: the message is meant for the user."""
+
+
+class StoreError(SproutError):
+    """The btrfs store is missing, not btrfs, or not writable."""
+
+
+class ImageNotFound(SproutError):
+    """An image was asked for that podman or the store does not have."""
+
+
+class SandboxNotFound(SproutError):
+    pass
+
+
+class CheckpointNotFound(SproutError):
+    pass
+
+
+class SandboxStateError(SproutError):
+    """The operation does not fit the sandbox's state (e.g. deleting a running sandbox's disk)."""
+
+
+class InUseError(SproutError):
+    """A checkpoint or image still has live dependants."""
+
+
+class CommandError(SproutError):
+    """An external tool (podman, btrfs, mmdebstrap) failed."""

@@ -1,0 +1,75 @@
+"""Metadata of images, sandboxes and checkpoints: one SQLite file beside the store's subvolumes.
+
+A row is written only after its subvolume exists, so a crash mid-operation leaves at worst an
+orphan subvolume without a row (never listed, removed by gc), never a row that lists but is broken.
+"""
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS images (
+    key TEXT PRIMARY KEY, image_id TEXT NOT NULL, names TEXT NOT NULL, config TEXT NOT NULL,
+    created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS sandboxes (
+    id TEXT PRIMARY KEY, image_key TEXT NOT NULL, base_checkpoint TEXT, last_checkpoint TEXT,
+    container TEXT NOT NULL, limits TEXT NOT NULL, label TEXT, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    id TEXT PRIMARY KEY, sandbox_id TEXT NOT NULL, image_key TEXT NOT NULL, parent TEXT,
+    label TEXT, created REAL NOT NULL, duration_ms REAL);
+CREATE INDEX IF NOT EXISTS checkpoints_parent ON checkpoints(parent);
+CREATE INDEX IF NOT EXISTS sandboxes_base ON sandboxes(base_checkpoint);
+"""
+
+
+class Metadata:
+    def __init__(self, path: Path):
+        self.path = path
+        self._db = sqlite3.connect(path, timeout=60, isolation_level=None, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(SCHEMA)
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def one(self, sql: str, *args) -> sqlite3.Row | None:
+        return self._db.execute(sql, args).fetchone()
+
+    def all(self, sql: str, *args) -> list[sqlite3.Row]:
+        return self._db.execute(sql, args).fetchall()
+
+    def execute(self, sql: str, *args) -> None:
+        with self.transaction() as db:
+            db.execute(sql, args)
+
+    def put_image(self, key: str, image_id: str, names: list[str], config: dict) -> None:
+        self.execute("INSERT OR REPLACE INTO images VALUES (?, ?, ?, ?, ?)",
+                     key, image_id, json.dumps(names), json.dumps(config), time.time())
+
+    def put_sandbox(self, sandbox_id: str, image_key: str, base_checkpoint: str | None, container: str,
+                    limits: dict, label: str | None) -> None:
+        self.execute("INSERT INTO sandboxes VALUES (?, ?, ?, NULL, ?, ?, ?, ?)", sandbox_id, image_key,
+                     base_checkpoint, container, json.dumps(limits), label, time.time())
+
+    def put_checkpoint(self, checkpoint_id: str, sandbox_id: str, image_key: str, parent: str | None,
+                       label: str | None, created: float, duration_ms: float) -> None:
+        with self.transaction() as db:
+            db.execute("INSERT INTO checkpoints VALUES (?, ?, ?, ?, ?, ?, ?)", (
+                checkpoint_id, sandbox_id, image_key, parent, label, created, duration_ms))
+            db.execute("UPDATE sandboxes SET last_checkpoint = ? WHERE id = ?", (checkpoint_id, sandbox_id))
+
+    def close(self) -> None:
+        self._db.close()

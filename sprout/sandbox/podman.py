@@ -1,0 +1,108 @@
+"""Stock podman, configured for these hosts: runc, cgroupfs, rlimits within the host's hard limits."""
+
+import json
+import os
+import resource
+from dataclasses import dataclass, field
+
+from . import shell
+from .errors import CommandError, ImageNotFound
+
+RUNTIME = os.environ.get("SPROUT_OCI_RUNTIME", "runc")
+CGROUP_MANAGER = os.environ.get("SPROUT_CGROUP_MANAGER", "cgroupfs")
+PODMAN = ["podman", "--runtime", RUNTIME, "--cgroup-manager", CGROUP_MANAGER, "--events-backend", "file"]
+NOFILE_WANTED = 1 << 20
+NPROC_WANTED = 32768  # podman caps its own (hence conmon and runc) nproc limit here
+
+
+def ulimit_flags() -> list[str]:
+    """`--ulimit` values at or below the hard limits (podman's defaults exceed them here and fail)."""
+    flags = []
+    for name, res, wanted in (("nofile", resource.RLIMIT_NOFILE, NOFILE_WANTED),
+                              ("nproc", resource.RLIMIT_NPROC, NPROC_WANTED)):
+        hard = resource.getrlimit(res)[1]
+        value = wanted if hard == resource.RLIM_INFINITY else min(hard, wanted)
+        flags += ["--ulimit", f"{name}={value}:{value}"]
+    return flags
+
+
+def podman(*args: str, **kwargs) -> str:
+    return shell.output([*PODMAN, *args], **kwargs)
+
+
+@dataclass
+class ImageConfig:
+    """What `podman image inspect` says a container of the image should run with."""
+
+    image_id: str
+    env: dict[str, str] = field(default_factory=dict)
+    workdir: str = "/"
+    user: str = ""
+    entrypoint: list[str] = field(default_factory=list)
+    cmd: list[str] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+
+
+def inspect_image(name: str) -> ImageConfig:
+    proc = shell.run([*PODMAN, "image", "inspect", name], check=False)
+    if proc.returncode != 0:
+        raise ImageNotFound(f"podman has no image {name!r} (build it, `podman import` it, or run "
+                            "`python -m sprout.sandbox images bootstrap` for the base images)")
+    info = json.loads(proc.stdout)[0]
+    config = info.get("Config") or {}
+    env = dict(item.partition("=")[::2] for item in config.get("Env") or [])
+    return ImageConfig(image_id=info["Id"], env=env, workdir=config.get("WorkingDir") or "/",
+                       user=config.get("User") or "", entrypoint=config.get("Entrypoint") or [],
+                       cmd=config.get("Cmd") or [], names=info.get("RepoTags") or [])
+
+
+@dataclass
+class ContainerSpec:
+    name: str
+    rootfs: str
+    env: dict[str, str]
+    workdir: str
+    user: str
+    memory: str | None = None
+    pids: int | None = None
+    cpus: float | None = None
+    network: bool = True
+    labels: dict[str, str] = field(default_factory=dict)
+    hostname: str = "sandbox"
+
+
+def run_container(spec: ContainerSpec) -> str:
+    """Starts a long-lived container on a rootfs directory; returns its id."""
+    args = ["run", "-d", "--init", "--name", spec.name, "--hostname", spec.hostname,
+            "--security-opt", "no-new-privileges", "--workdir", spec.workdir or "/",
+            *ulimit_flags()]
+    if spec.user:
+        args += ["--user", spec.user]
+    for key, value in spec.env.items():
+        args += ["--env", f"{key}={value}"]
+    for key, value in spec.labels.items():
+        args += ["--label", f"{key}={value}"]
+    if spec.memory:
+        args += ["--memory", spec.memory]
+    if spec.pids:
+        args += ["--pids-limit", str(spec.pids)]
+    if spec.cpus:
+        args += ["--cpus", str(spec.cpus)]
+    if not spec.network:
+        args += ["--network", "none"]
+    args += ["--rootfs", spec.rootfs, "sleep", "infinity"]
+    try:
+        return podman(*args, what="podman run")
+    except CommandError:
+        shell.run([*PODMAN, "rm", "-f", "-t", "0", spec.name], check=False)
+        raise
+
+
+def remove_container(name: str) -> None:
+    shell.run([*PODMAN, "rm", "-f", "-t", "0", name], check=False)
+
+
+def container_names(label: str) -> dict[str, str]:
+    """name -> state of every container carrying the label."""
+    out = podman("ps", "-a", "--filter", f"label={label}", "--format", "{{.Names}} {{.State}}")
+    return dict(line.split(" ", 1) for line in out.splitlines() if " " in line)

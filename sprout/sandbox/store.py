@@ -1,0 +1,415 @@
+"""The sandbox store: images, sandboxes and checkpoints as btrfs subvolumes, run with stock podman.
+
+Layout of a store (a btrfs filesystem, by default ~/sprout-btrfs, a loop file when the host has none):
+    images/<key>        read-only subvolume: an image's unpacked rootfs
+    sandboxes/<id>      writable snapshot of an image or a checkpoint, the rootfs of a container
+    checkpoints/<id>    read-only snapshot of a sandbox
+    state/sprout.db     metadata (SQLite);  state/sandboxes/<id>/  exec profiles
+    cache/              bootstrap tarballs
+"""
+
+import fcntl
+import json
+import marshal
+import os
+import secrets
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import btrfs, confinement, execution, podman, shell
+from .errors import (CheckpointNotFound, ImageNotFound, InUseError, SandboxNotFound, SandboxStateError,
+                     StoreError)
+from .execution import DEFAULT_MAX_OUTPUT, ExecResult
+from .metadata import Metadata
+from .podman import ImageConfig
+
+CONTAINER_PREFIX = "sprout-"
+LABEL = "sprout.sandbox"
+DEFAULT_LIMITS = {"memory": "4g", "pids": 4096, "cpus": None, "network": True}
+DEFAULT_SHELL = ("bash", "-c")
+
+
+def default_root() -> Path:
+    return Path(os.environ.get("SPROUT_STORE", Path.home() / "sprout-btrfs")).expanduser()
+
+
+def default_runtime_bin() -> Path | None:
+    value = os.environ.get("SPROUT_RUNTIME_BIN")
+    return Path(value) if value else None
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(6)}"
+
+
+@dataclass
+class Image:
+    store: "Store" = field(repr=False)
+    key: str
+    image_id: str
+    names: list[str]
+    config: ImageConfig
+
+    @property
+    def path(self) -> Path:
+        return self.store.root / "images" / self.key
+
+
+@dataclass
+class Checkpoint:
+    store: "Store" = field(repr=False)
+    id: str
+    sandbox_id: str
+    image_key: str
+    parent: str | None
+    label: str | None
+    created: float
+    duration_ms: float | None
+
+    @property
+    def path(self) -> Path:
+        return self.store.root / "checkpoints" / self.id
+
+    @property
+    def exists(self) -> bool:
+        return btrfs.is_subvolume(self.path)
+
+    def branch(self, **limits) -> "Sandbox":
+        """A new running sandbox whose filesystem is exactly this checkpoint's."""
+        return self.store.create_sandbox(self.store.image(self.image_key), from_checkpoint=self, **limits)
+
+    def delete(self, force: bool = False) -> None:
+        self.store.remove_checkpoint(self.id, force=force)
+
+
+@dataclass
+class Sandbox:
+    store: "Store" = field(repr=False)
+    id: str
+    image_key: str
+    base_checkpoint: str | None
+    last_checkpoint: str | None
+    container: str
+    limits: dict
+    label: str | None
+    created: float
+
+    @property
+    def path(self) -> Path:
+        return self.store.root / "sandboxes" / self.id
+
+    @property
+    def profile_path(self) -> Path:
+        return self.store.root / "state" / "sandboxes" / self.id / "profile.bin"
+
+    @property
+    def image(self) -> Image:
+        return self.store.image(self.image_key)
+
+    def _profile(self) -> dict | None:
+        try:
+            profile = marshal.loads(self.profile_path.read_bytes())
+            if confinement.proc_starttime(profile["init_pid"]) == profile["init_starttime"]:
+                return profile
+        except (OSError, ValueError, EOFError, KeyError):
+            pass
+        return None
+
+    @property
+    def running(self) -> bool:
+        return self._profile() is not None
+
+    @property
+    def state(self) -> str:
+        return "running" if self.running else "stopped"
+
+    def exec(self, command: str | list[str], *, cwd: str | None = None, env: dict[str, str] | None = None,
+             timeout: float | None = None, max_output: int = DEFAULT_MAX_OUTPUT) -> ExecResult:
+        """Runs a command (a string goes to `bash -c`) in a fresh process inside the sandbox."""
+        profile = self._profile()
+        if profile is None:
+            raise SandboxStateError(f"sandbox {self.id} is not running (start it: "
+                                    f"python -m sprout.sandbox start {self.id})")
+        argv = [*DEFAULT_SHELL, command] if isinstance(command, str) else list(command)
+        config = self.image.config
+        cwd = cwd or config.workdir or "/"
+        env = dict(env or {})
+        if self.store.runtime_bin is not None:
+            return execution.run_via_runtime(self.store.runtime_bin, self.profile_path, argv, cwd, env,
+                                             timeout, max_output)
+        return execution.run_via_podman(self.container, profile["cgroup_procs"], argv, cwd, config.user,
+                                        env, timeout, max_output)
+
+    def checkpoint(self, label: str | None = None) -> Checkpoint:
+        """A read-only, consistent snapshot of the sandbox's filesystem (flushed first)."""
+        checkpoint_id = _new_id("ck")
+        started = time.perf_counter()
+        btrfs.flush(self.path)
+        btrfs.snapshot(self.path, self.store.root / "checkpoints" / checkpoint_id, readonly=True)
+        duration_ms = (time.perf_counter() - started) * 1000
+        parent = self.last_checkpoint or self.base_checkpoint
+        created = time.time()
+        self.store.meta.put_checkpoint(checkpoint_id, self.id, self.image_key, parent, label, created,
+                                       duration_ms)
+        self.last_checkpoint = checkpoint_id
+        return Checkpoint(self.store, checkpoint_id, self.id, self.image_key, parent, label, created,
+                          duration_ms)
+
+    def start(self) -> None:
+        """(Re)starts the sandbox's container on its subvolume, e.g. after a host restart."""
+        if self.running:
+            return
+        podman.remove_container(self.container)  # podman's record may be stale after a reboot
+        self.store._start_container(self)
+
+    def stop(self) -> None:
+        podman.remove_container(self.container)
+        self.profile_path.unlink(missing_ok=True)
+
+    def destroy(self) -> None:
+        """Stops the container and deletes the sandbox's subvolume; leaves nothing mounted or running."""
+        self.store.remove_sandbox(self.id, force=True)
+
+
+class Store:
+    def __init__(self, root: Path | None = None, runtime_bin: Path | None = None):
+        self.root = Path(root or default_root()).expanduser().absolute()
+        self.runtime_bin = runtime_bin if runtime_bin is not None else default_runtime_bin()
+        ensure_mounted(self.root)
+        for sub in ("images", "sandboxes", "checkpoints", "state/sandboxes", "state/locks", "cache"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self.meta = Metadata(self.root / "state" / "sprout.db")
+
+    # ---------------------------------------------------------------- images
+    @contextmanager
+    def _lock(self, name: str) -> Iterator[None]:
+        with open(self.root / "state" / "locks" / name, "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            yield
+
+    def import_image(self, reference: str) -> Image:
+        """Unpacks a podman image into a read-only subvolume, once per image id (cached)."""
+        config = podman.inspect_image(reference)
+        key = f"im-{config.image_id.removeprefix('sha256:')[:12]}"
+        with self._lock(key):
+            path = self.root / "images" / key
+            if btrfs.is_subvolume(path) and self.meta.one("SELECT 1 FROM images WHERE key = ?", key):
+                names = sorted(set(self.image(key).names) | set(config.names))
+                self.meta.execute("UPDATE images SET names = ? WHERE key = ?", json.dumps(names), key)
+                return self.image(key)
+            partial = self.root / "images" / f".partial-{key}"
+            btrfs.delete(partial)
+            btrfs.create(partial)
+            try:
+                _unpack(reference, partial)
+                btrfs.set_readonly(partial)
+                btrfs.delete(path)
+                partial.rename(path)
+            except BaseException:
+                btrfs.delete(partial)
+                raise
+            self.meta.put_image(key, config.image_id, config.names, config.__dict__)
+        return self.image(key)
+
+    def image(self, name: str) -> Image:
+        """An image by store key (im-...), podman name or image id."""
+        row = self.meta.one("SELECT * FROM images WHERE key = ? OR image_id = ?", name, name)
+        if row is None:
+            for candidate in self.meta.all("SELECT * FROM images"):
+                if name in json.loads(candidate["names"]) or _short_name_match(name, candidate["names"]):
+                    row = candidate
+                    break
+        if row is None:
+            raise ImageNotFound(f"no image {name!r} in the store (import it: python -m sprout.sandbox "
+                                f"images import {name})")
+        return Image(self, row["key"], row["image_id"], json.loads(row["names"]),
+                     ImageConfig(**json.loads(row["config"])))
+
+    def images(self) -> list[Image]:
+        return [self.image(row["key"]) for row in self.meta.all("SELECT key FROM images ORDER BY created")]
+
+    def resolve_image(self, name: str) -> Image:
+        """The store's image for `name`, importing it from podman when the store lacks it."""
+        try:
+            return self.image(name)
+        except ImageNotFound:
+            return self.import_image(name)
+
+    # ---------------------------------------------------------------- sandboxes
+    def create_sandbox(self, image: Image | str, *, memory: str | None = None, pids: int | None = None,
+                       cpus: float | None = None, network: bool | None = None, label: str | None = None,
+                       from_checkpoint: Checkpoint | None = None) -> Sandbox:
+        """A writable snapshot of the image (or of a checkpoint), started as a podman container."""
+        if isinstance(image, str):
+            image = self.resolve_image(image)
+        inherited = self._limits_of(from_checkpoint) if from_checkpoint else DEFAULT_LIMITS
+        asked = {"memory": memory, "pids": pids, "cpus": cpus, "network": network}
+        limits = inherited | {k: v for k, v in asked.items() if v is not None}
+        sandbox_id = _new_id("sb")
+        source = from_checkpoint.path if from_checkpoint else image.path
+        if not btrfs.is_subvolume(source):
+            what = f"checkpoint {from_checkpoint.id}" if from_checkpoint else f"image {image.key}"
+            raise StoreError(f"the subvolume of {what} is missing from the store at {source}")
+        sandbox = Sandbox(self, sandbox_id, image.key, from_checkpoint.id if from_checkpoint else None, None,
+                          CONTAINER_PREFIX + sandbox_id, limits, label, time.time())
+        btrfs.snapshot(source, sandbox.path, readonly=False)
+        try:
+            self._start_container(sandbox)
+        except BaseException:
+            podman.remove_container(sandbox.container)
+            btrfs.delete(sandbox.path)
+            raise
+        self.meta.put_sandbox(sandbox_id, image.key, sandbox.base_checkpoint, sandbox.container, limits, label)
+        return sandbox
+
+    def _limits_of(self, checkpoint: Checkpoint) -> dict:
+        row = self.meta.one("SELECT limits FROM sandboxes WHERE id = ?", checkpoint.sandbox_id)
+        return json.loads(row["limits"]) if row else dict(DEFAULT_LIMITS)
+
+    def _start_container(self, sandbox: Sandbox) -> None:
+        config = self.image(sandbox.image_key).config
+        spec = podman.ContainerSpec(
+            name=sandbox.container, rootfs=str(sandbox.path), env=config.env, workdir=config.workdir,
+            user=config.user, memory=sandbox.limits.get("memory"), pids=sandbox.limits.get("pids"),
+            cpus=sandbox.limits.get("cpus"), network=sandbox.limits.get("network", True),
+            labels={LABEL: sandbox.id})
+        container_id = podman.run_container(spec)
+        sandbox.profile_path.parent.mkdir(parents=True, exist_ok=True)
+        confinement.write(confinement.capture(container_id), sandbox.profile_path)
+
+    def sandbox(self, sandbox_id: str) -> Sandbox:
+        row = self.meta.one("SELECT * FROM sandboxes WHERE id = ?", sandbox_id)
+        if row is None:
+            raise SandboxNotFound(f"no sandbox {sandbox_id!r} in the store at {self.root}")
+        return Sandbox(self, row["id"], row["image_key"], row["base_checkpoint"], row["last_checkpoint"],
+                       row["container"], json.loads(row["limits"]), row["label"], row["created"])
+
+    def sandboxes(self) -> list[Sandbox]:
+        return [self.sandbox(row["id"]) for row in self.meta.all("SELECT id FROM sandboxes ORDER BY created")]
+
+    def remove_sandbox(self, sandbox_id: str, force: bool = False) -> None:
+        """Deletes a sandbox. A running one is refused unless forced (then it is stopped first):
+        deleting the subvolume under a running container breaks it silently."""
+        sandbox = self.sandbox(sandbox_id)
+        if sandbox.running and not force:
+            raise SandboxStateError(f"sandbox {sandbox_id} is running; stop it first or force the removal")
+        sandbox.stop()
+        btrfs.delete(sandbox.path)
+        shell.run(["rm", "-rf", str(sandbox.profile_path.parent)], check=False)
+        self.meta.execute("DELETE FROM sandboxes WHERE id = ?", sandbox_id)
+
+    # ---------------------------------------------------------------- checkpoints
+    def checkpoint(self, checkpoint_id: str) -> Checkpoint:
+        row = self.meta.one("SELECT * FROM checkpoints WHERE id = ?", checkpoint_id)
+        if row is None:
+            raise CheckpointNotFound(f"no checkpoint {checkpoint_id!r} in the store at {self.root}")
+        return Checkpoint(self, row["id"], row["sandbox_id"], row["image_key"], row["parent"], row["label"],
+                          row["created"], row["duration_ms"])
+
+    def checkpoints(self, sandbox_id: str | None = None) -> list[Checkpoint]:
+        sql = "SELECT id FROM checkpoints" + (" WHERE sandbox_id = ?" if sandbox_id else "") + " ORDER BY created"
+        return [self.checkpoint(row["id"]) for row in self.meta.all(sql, *([sandbox_id] if sandbox_id else []))]
+
+    def branches_of(self, checkpoint_id: str) -> list[Sandbox]:
+        rows = self.meta.all("SELECT id FROM sandboxes WHERE base_checkpoint = ?", checkpoint_id)
+        return [self.sandbox(row["id"]) for row in rows]
+
+    def remove_checkpoint(self, checkpoint_id: str, force: bool = False) -> None:
+        checkpoint = self.checkpoint(checkpoint_id)
+        branches = self.branches_of(checkpoint_id)
+        if branches and not force:
+            raise InUseError(f"checkpoint {checkpoint_id} has {len(branches)} live branch(es) "
+                             f"({', '.join(b.id for b in branches)}); force to delete it anyway")
+        btrfs.delete(checkpoint.path)
+        self.meta.execute("DELETE FROM checkpoints WHERE id = ?", checkpoint_id)
+
+    def size_of(self, checkpoint: Checkpoint) -> int | None:
+        """Bytes held only by this checkpoint (on demand: btrfs quotas stay off for fast snapshots)."""
+        return btrfs.disk_usage([checkpoint.path]) if checkpoint.exists else None
+
+    # ---------------------------------------------------------------- maintenance
+    def gc(self, older_than_s: float | None = None, dry_run: bool = False) -> list[str]:
+        """Removes what no one references; returns what it removed (or would remove).
+
+        Always: subvolumes without a metadata row (left by a crash) and containers of sandboxes that
+        no longer exist. With `older_than_s`: checkpoints older than that with no live branch and no
+        child checkpoint, and images no sandbox or checkpoint uses and podman no longer has."""
+        removed: list[str] = []
+        known = {
+            "sandboxes": {s.id for s in self.sandboxes()},
+            "checkpoints": {row["id"] for row in self.meta.all("SELECT id FROM checkpoints")},
+            "images": {row["key"] for row in self.meta.all("SELECT key FROM images")},
+        }
+        for kind, ids in known.items():
+            for path in sorted((self.root / kind).iterdir()):
+                if path.name not in ids and btrfs.is_subvolume(path):
+                    removed.append(f"orphan {kind[:-1]} subvolume {path.name}")
+                    if not dry_run:
+                        btrfs.delete(path)
+        for name in podman.container_names(LABEL):
+            if name.removeprefix(CONTAINER_PREFIX) not in known["sandboxes"]:
+                removed.append(f"orphan container {name}")
+                if not dry_run:
+                    podman.remove_container(name)
+        if older_than_s is not None:
+            cutoff = time.time() - older_than_s
+            referenced = {row["parent"] for row in self.meta.all("SELECT parent FROM checkpoints")}
+            referenced |= {row["base_checkpoint"] for row in self.meta.all("SELECT base_checkpoint FROM sandboxes")}
+            for checkpoint in self.checkpoints():
+                if checkpoint.created < cutoff and checkpoint.id not in referenced:
+                    removed.append(f"checkpoint {checkpoint.id}")
+                    if not dry_run:
+                        self.remove_checkpoint(checkpoint.id)
+            used = {row["image_key"] for row in self.meta.all(
+                "SELECT image_key FROM sandboxes UNION SELECT image_key FROM checkpoints")}
+            podman_ids = {i.removeprefix("sha256:") for i in podman_image_ids()}
+            for image in self.images():
+                if image.key not in used and image.image_id.removeprefix("sha256:") not in podman_ids:
+                    removed.append(f"image {image.key}")
+                    if not dry_run:
+                        btrfs.delete(image.path)
+                        self.meta.execute("DELETE FROM images WHERE key = ?", image.key)
+        return removed
+
+
+def podman_image_ids() -> set[str]:
+    return set(podman.podman("images", "-q", "--no-trunc").split())
+
+
+def _short_name_match(name: str, names_json: str) -> bool:
+    """`python:3.11-slim` matches `docker.io/library/python:3.11-slim`, as podman resolves it."""
+    for full in json.loads(names_json):
+        if full.endswith("/" + name) or full == f"localhost/{name}":
+            return True
+    return False
+
+
+def _unpack(reference: str, dest: Path) -> None:
+    """Copies an image's filesystem out of podman's storage into `dest`."""
+    name = f"sprout-unpack-{secrets.token_hex(4)}"
+    podman.podman("create", "--name", name, reference, "true", what="podman create")
+    try:
+        script = (f"{' '.join(podman.PODMAN)} export {name} | "
+                  f"tar -x -f - -C '{dest}' --numeric-owner --xattrs --xattrs-include='*'")
+        shell.run(["bash", "-o", "pipefail", "-c", script], what=f"unpacking {reference}")
+    finally:
+        podman.remove_container(name)
+
+
+def ensure_mounted(root: Path) -> None:
+    """Mounts the store's loop file again if the machine rebooted; fails clearly when there is no store."""
+    if btrfs.is_btrfs(root):
+        return
+    image = Path(os.environ.get("SPROUT_STORE_IMAGE", f"{root}.img"))
+    if not image.exists():
+        raise StoreError(f"no btrfs store at {root} (and no loop file {image}); run ops/setup_podman.sh "
+                         "or set SPROUT_STORE to a btrfs directory")
+    if os.geteuid() != 0:
+        raise StoreError(f"the store {root} is not mounted and only root can mount {image}")
+    root.mkdir(parents=True, exist_ok=True)
+    shell.run(["mount", "-o", "loop,noatime", str(image), str(root)], what=f"mounting {image}")
+    if not btrfs.is_btrfs(root):
+        raise StoreError(f"{image} is mounted at {root} but is not btrfs")
