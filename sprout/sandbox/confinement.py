@@ -18,8 +18,6 @@ from .errors import SandboxStateError
 RUNC_STATE_DIRS = (Path("/run/runc"), Path("/run/runc-ctrs"))
 PTRACE_SEIZE, PTRACE_INTERRUPT, PTRACE_DETACH, PTRACE_SECCOMP_GET_FILTER = 0x4206, 0x4207, 17, 0x420C
 WALL = 0x40000000
-RLIMITS = [getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_")]
-
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
 _libc.ptrace.restype = ctypes.c_long
@@ -44,6 +42,16 @@ def _status_fields(pid: int) -> dict[str, str]:
         key, _, value = line.partition(":")
         fields[key] = value.strip()
     return fields
+
+
+def read_rlimits(pid: int) -> list[list[int]]:
+    """[resource, soft, hard] for each limit; /proc/PID/limits lists them in resource-number order
+    (prlimit on another user's process would need CAP_SYS_RESOURCE, which these hosts lack)."""
+    limits = []
+    for number, line in enumerate(Path(f"/proc/{pid}/limits").read_text().splitlines()[1:]):
+        soft, hard = (resource.RLIM_INFINITY if v == "unlimited" else int(v) for v in line[26:68].split()[:2])
+        limits.append([number, soft, hard])
+    return limits
 
 
 def dump_seccomp(pid: int) -> list[bytes]:
@@ -96,7 +104,7 @@ def capture(container_id: str) -> dict:
         "no_new_privs": status.get("NoNewPrivs") == "1",
         "seccomp": dump_seccomp(pid) if status.get("Seccomp") == "2" else [],
         "env": env,
-        "rlimits": [[r, *resource.prlimit(pid, r)] for r in RLIMITS],
+        "rlimits": read_rlimits(pid),
     }
 
 

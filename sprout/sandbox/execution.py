@@ -6,6 +6,7 @@ and on timeout or cancellation the command's whole process tree killed inside th
 
 import marshal
 import os
+import selectors
 import subprocess
 import time
 import uuid
@@ -17,6 +18,7 @@ from .podman import PODMAN
 DEFAULT_MAX_OUTPUT = 1 << 20
 EXEC_MARKER = "SPROUT_EXEC_ID"  # set on podman-exec commands so their processes can be found and killed
 TIMEOUT_EXIT_CODE = 124
+EXIT_GRACE_S = 0.05  # output still buffered when the command exits is read within this
 
 
 @dataclass
@@ -52,23 +54,35 @@ class _CappedReader:
 
 
 def _drain(proc: subprocess.Popen, limit: int, deadline: float | None) -> tuple[_CappedReader, bool]:
-    """Reads the merged output until EOF; returns (reader, deadline_passed)."""
-    import selectors
-
+    """Reads the merged output until EOF, or until shortly after the process exits (a background
+    job of the command may hold the pipe open forever); returns (reader, deadline_passed)."""
     reader = _CappedReader(limit)
     fd = proc.stdout.fileno()
-    with selectors.DefaultSelector() as sel:
-        sel.register(fd, selectors.EVENT_READ)
-        while True:
-            wait = None if deadline is None else deadline - time.monotonic()
-            if wait is not None and wait <= 0:
-                return reader, True
-            if not sel.select(wait):
-                continue
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return reader, False
-            reader.feed(chunk)
+    pidfd = os.pidfd_open(proc.pid)
+    exited_at = None
+    try:
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ, "output")
+            sel.register(pidfd, selectors.EVENT_READ, "exit")
+            while True:
+                now = time.monotonic()
+                if exited_at is not None and now >= exited_at + EXIT_GRACE_S:
+                    return reader, False
+                if exited_at is None and deadline is not None and now >= deadline:
+                    return reader, True
+                ends = [t for t in (deadline if exited_at is None else None,
+                                    None if exited_at is None else exited_at + EXIT_GRACE_S) if t is not None]
+                for key, _ in sel.select(min(ends) - now if ends else None):
+                    if key.data == "exit":
+                        sel.unregister(pidfd)
+                        exited_at = time.monotonic()
+                        continue
+                    chunk = os.read(fd, 65536)
+                    if not chunk:
+                        return reader, False
+                    reader.feed(chunk)
+    finally:
+        os.close(pidfd)
 
 
 def run_via_runtime(runtime_bin: Path, profile: Path, argv: list[str], cwd: str, env: dict[str, str],
@@ -86,8 +100,7 @@ def run_via_runtime(runtime_bin: Path, profile: Path, argv: list[str], cwd: str,
     finally:
         os.close(status_w)
     try:
-        # The runtime enforces the timeout itself; our deadline only guards against a wedged runtime.
-        reader, _ = _drain(proc, max_output, None)
+        reader, _ = _drain(proc, max_output, None)  # the runtime enforces the timeout itself
         proc.wait()
         raw = os.read(status_r, 65536)
     except BaseException:  # cancelled (e.g. Harbor's verifier timeout): the runtime kills the tree

@@ -1,0 +1,158 @@
+"""Checkpoint benchmark: everything measured in one run on this host, reported with ratios.
+
+    .venv/bin/python bench/checkpoint.py [--big-gb 3] [--n 20]
+
+Rows: checkpoint p50/p95 (idle and after a 1 MB write) at ~300 MB and ~3 GB; the same state saved
+with `tar` of the rootfs and with `podman commit` of an equivalent image-based (overlay) container;
+branch to first command; command round trip via sprout-runtime vs `podman exec`; disk held by 100
+checkpoints each after a 1 MiB edit, as a fraction of the base size.
+"""
+
+import argparse
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from sprout.sandbox import Store, btrfs
+from sprout.sandbox.podman import PODMAN
+
+REPO = Path(__file__).resolve().parents[1]
+IMAGE = "docker.io/library/python:3.11-slim"
+
+
+def p(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def timed(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return (time.perf_counter() - started) * 1000
+
+
+def rootfs_bytes(path: Path) -> int:
+    return int(subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True).stdout.split()[0])
+
+
+def checkpoint_times(sandbox, n: int) -> tuple[list[float], list[float]]:
+    idle = [sandbox.checkpoint().duration_ms for _ in range(n)]
+    dirty = []
+    for i in range(n):
+        sandbox.exec(f"head -c 1048576 /dev/urandom > /root/edit-{i}")
+        dirty.append(sandbox.checkpoint().duration_ms)
+    return idle, dirty
+
+
+def tar_ms(path: Path) -> float:
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
+        return timed(lambda: subprocess.run(["tar", "-cf", f"{tmp}/rootfs.tar", "-C", str(path), "."],
+                                            check=True, capture_output=True))
+
+
+def commit_ms(fill_mb: int) -> float:
+    """`podman commit` of an overlay container of the same image holding the same extra data."""
+    name = f"sprout-bench-twin-{time.time_ns()}"
+    subprocess.run([*PODMAN, "run", "-d", "--name", name, IMAGE, "sleep", "infinity"], check=True,
+                   capture_output=True)
+    try:
+        subprocess.run([*PODMAN, "exec", name, "bash", "-c",
+                        f"head -c {fill_mb}M /dev/urandom > /root/fill && head -c 1M /dev/urandom > /root/edit"],
+                       check=True, capture_output=True)
+        ms = timed(lambda: subprocess.run([*PODMAN, "commit", "-q", name, f"localhost/{name}"], check=True,
+                                          capture_output=True))
+        subprocess.run([*PODMAN, "rmi", "-f", f"localhost/{name}"], capture_output=True)
+        return ms
+    finally:
+        subprocess.run([*PODMAN, "rm", "-f", "-t", "0", name], capture_output=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--big-gb", type=float, default=3.0, help="extra data in the big sandbox (GB)")
+    parser.add_argument("--n", type=int, default=20, help="checkpoints per measurement")
+    args = parser.parse_args()
+    console = Console()
+    fast = Store(runtime_bin=REPO / "runtime" / "sprout-runtime")
+    slow = Store(fast.root, runtime_bin=None)
+    rows: list[tuple[str, str, str]] = []
+    made = []
+    try:
+        console.print("small sandbox ...")
+        small = fast.create_sandbox(IMAGE)
+        made.append(small)
+        small_size = rootfs_bytes(small.path)
+        s_idle, s_dirty = checkpoint_times(small, args.n)
+        console.print(f"big sandbox (+{args.big_gb:g} GB) ...")
+        big = fast.create_sandbox(IMAGE)
+        made.append(big)
+        big.exec(f"head -c {int(args.big_gb * 1024)}M /dev/urandom > /root/fill", timeout=900)
+        big_size = rootfs_bytes(big.path)
+        b_idle, b_dirty = checkpoint_times(big, args.n)
+        for label, size, idle, dirty in (("small", small_size, s_idle, s_dirty), ("big", big_size, b_idle, b_dirty)):
+            rows.append((f"checkpoint idle, {size / 1e6:,.0f} MB rootfs", f"p50 {p(idle, .5):.1f} ms",
+                         f"p95 {p(idle, .95):.1f} ms"))
+            rows.append((f"checkpoint after 1 MB write, {size / 1e6:,.0f} MB", f"p50 {p(dirty, .5):.1f} ms",
+                         f"p95 {p(dirty, .95):.1f} ms"))
+        flat = p(b_dirty, .5) / p(s_dirty, .5)
+        rows.append(("flat in size: big / small checkpoint p50", f"{flat:.2f}x", "target ~1x"))
+
+        console.print("tar and podman commit ...")
+        for label, sandbox, size, fill_mb, dirty in (("small", small, small_size, 0, s_dirty),
+                                                      ("big", big, big_size, int(args.big_gb * 1024), b_dirty)):
+            tar = tar_ms(sandbox.path)
+            commit = commit_ms(fill_mb)
+            ck = p(dirty, .5)
+            rows.append((f"tar of rootfs, {size / 1e6:,.0f} MB", f"{tar:,.0f} ms", f"{tar / ck:,.0f}x checkpoint"))
+            rows.append((f"podman commit of overlay twin, {size / 1e6:,.0f} MB", f"{commit:,.0f} ms",
+                         f"{commit / ck:,.0f}x checkpoint"))
+
+        console.print("branch to first command ...")
+        base = small.checkpoint()
+        branch_ms = []
+        for _ in range(max(5, args.n // 2)):
+            started = time.perf_counter()
+            branch = base.branch()
+            branch.exec("true")
+            branch_ms.append((time.perf_counter() - started) * 1000)
+            branch.destroy()
+        rows.append(("branch -> first command (runtime)", f"p50 {p(branch_ms, .5):.0f} ms", "target <= 200 ms"))
+
+        console.print("command round trip ...")
+        via_runtime = [timed(lambda: small.exec("true")) for _ in range(30)]
+        slow_small = slow.sandbox(small.id)
+        via_podman = [timed(lambda: slow_small.exec("true")) for _ in range(30)]
+        ratio = p(via_podman, .5) / p(via_runtime, .5)
+        rows.append(("`true` via sprout-runtime (confined)", f"p50 {p(via_runtime, .5):.1f} ms",
+                     f"{ratio:.1f}x faster"))
+        rows.append(("`true` via podman exec", f"p50 {p(via_podman, .5):.1f} ms", "baseline"))
+
+        console.print("100 checkpoints after 1 MiB edits ...")
+        chain = fast.create_sandbox(IMAGE)
+        made.append(chain)
+        base_size = rootfs_bytes(chain.path)
+        cps = []
+        for _ in range(100):
+            chain.exec("head -c 1048576 /dev/urandom > /root/edit")
+            cps.append(chain.checkpoint())
+        held = btrfs.disk_usage([c.path for c in cps])
+        rows.append(("100 checkpoints, 1 MiB edit each: exclusive bytes", f"{held / 1e6:,.1f} MB",
+                     f"{held / base_size:.2f}x base ({base_size / 1e6:,.0f} MB)"))
+    finally:
+        for sandbox in made:
+            for checkpoint in fast.checkpoints(sandbox.id):
+                fast.remove_checkpoint(checkpoint.id, force=True)
+            sandbox.destroy()
+    table = Table("measurement", "value", "ratio / note", title="Sprout checkpoint benchmark (one run)")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    console.print(f"percentiles over {args.n} checkpoints per row")
+
+
+if __name__ == "__main__":
+    main()

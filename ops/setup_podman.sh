@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Sprout host set-up: idempotent, one line per item ("ok" already there, "done" just made, "skip" left
+# alone on purpose). A failed step stops the script with a message saying what to do.
+#
+#   SPROUT_STORE       btrfs store directory      (default ~/sprout-btrfs)
+#   SPROUT_STORE_SIZE  size of its sparse loop file when the path is not on btrfs (default 40G)
+#   SPROUT_PYTHON      the Python 3.12 to build .venv with (default: found via pyenv / PATH)
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STORE="${SPROUT_STORE:-$HOME/sprout-btrfs}"
+STORE_IMG="${SPROUT_STORE_IMAGE:-$STORE.img}"
+STORE_SIZE="${SPROUT_STORE_SIZE:-40G}"
+VENV="$REPO/.venv"
+EXTRAS="mini,harbor,dev,runstore"
+APT_PACKAGES=(podman btrfs-progs runc mmdebstrap uidmap containernetworking-plugins iptables catatonit
+              ca-certificates)
+
+say() { printf '%-5s %s\n' "$1" "$2"; }
+die() { printf 'FAIL  %s\n' "$1" >&2; exit 1; }
+trap 'die "step failed at line $LINENO: $BASH_COMMAND"' ERR
+
+[ "$(id -u)" = 0 ] || die "run as root (podman over a btrfs loop store needs it; see README: rootless)"
+
+# ---------------------------------------------------------------- apt packages
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  say ok "apt packages: ${APT_PACKAGES[*]}"
+else
+  apt-get update -qq || die "apt-get update failed (is a Debian mirror reachable?)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null \
+    || die "apt-get install ${missing[*]} failed"
+  say done "apt packages: installed ${missing[*]}"
+fi
+
+# ---------------------------------------------------------------- podman configuration
+# crun fails on these cgroup-v1 hosts and podman's default rlimits exceed the hard limits. Sprout passes
+# --runtime runc --cgroup-manager cgroupfs and --ulimit itself; this drop-in makes a plain `podman`
+# work too, unless the user already chose a runtime (then we leave their config alone).
+DROPIN=/etc/containers/containers.conf.d/50-sprout.conf
+nofile_hard=$(ulimit -Hn); nproc_hard=$(ulimit -Hu)
+[ "$nofile_hard" = unlimited ] && nofile_hard=1048576
+[ "$nproc_hard" = unlimited ] && nproc_hard=32768
+nofile=$(( nofile_hard < 1048576 ? nofile_hard : 1048576 ))
+nproc=$(( nproc_hard < 32768 ? nproc_hard : 32768 ))
+want=$(printf '# written by Sprout ops/setup_podman.sh\n[containers]\ndefault_ulimits = ["nofile=%s:%s", "nproc=%s:%s"]\n\n[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n' \
+  "$nofile" "$nofile" "$nproc" "$nproc")
+user_conf=$(grep -lsE '^\s*(runtime|cgroup_manager)\s*=' /etc/containers/containers.conf \
+  /etc/containers/containers.conf.d/*.conf "$HOME/.config/containers/containers.conf" 2>/dev/null \
+  | grep -v "$DROPIN" || true)
+if [ -n "$user_conf" ]; then
+  say skip "podman config: keeping your settings in $user_conf (Sprout passes its own flags)"
+elif [ -f "$DROPIN" ] && [ "$(cat "$DROPIN")" = "$want" ]; then
+  say ok "podman config: $DROPIN (runc, cgroupfs, ulimits nofile=$nofile nproc=$nproc)"
+else
+  mkdir -p "$(dirname "$DROPIN")"
+  printf '%s\n' "$want" > "$DROPIN.tmp" && mv "$DROPIN.tmp" "$DROPIN"
+  say done "podman config: wrote $DROPIN (runc, cgroupfs, ulimits nofile=$nofile nproc=$nproc)"
+fi
+podman info --format '{{.Host.OCIRuntime.Name}}' >/dev/null 2>&1 \
+  || die "podman does not run: $(podman info 2>&1 | tail -1)"
+say ok "podman runs: $(podman --version), runtime $(podman info --format '{{.Host.OCIRuntime.Name}}')"
+
+# ---------------------------------------------------------------- btrfs store
+fstype() { stat -f -c %T "$1" 2>/dev/null || echo none; }
+mkdir -p "$STORE"
+if [ "$(fstype "$STORE")" = btrfs ]; then
+  say ok "btrfs store: $STORE ($(df -h --output=avail "$STORE" | tail -1 | tr -d ' ') free)"
+else
+  if [ ! -f "$STORE_IMG" ]; then
+    truncate -s "$STORE_SIZE" "$STORE_IMG"
+    mkfs.btrfs -q "$STORE_IMG" >/dev/null || die "mkfs.btrfs $STORE_IMG failed"
+    say done "btrfs loop file: $STORE_IMG ($STORE_SIZE sparse)"
+  else
+    say ok "btrfs loop file: $STORE_IMG"
+  fi
+  mount -o loop,noatime "$STORE_IMG" "$STORE" || die "cannot mount $STORE_IMG at $STORE (loop devices?)"
+  say done "btrfs store: mounted $STORE_IMG at $STORE"
+fi
+if btrfs qgroup show "$STORE" >/dev/null 2>&1; then
+  btrfs quota disable "$STORE"
+  say done "btrfs quotas: disabled on $STORE (qgroups make snapshots slow)"
+else
+  say ok "btrfs quotas: off"
+fi
+
+# ---------------------------------------------------------------- Python 3.12 venv
+find_python() {
+  if [ -n "${SPROUT_PYTHON:-}" ]; then echo "$SPROUT_PYTHON"; return; fi
+  command -v pyenv >/dev/null 2>&1 && for v in $(pyenv versions --bare 2>/dev/null | grep -E '^3\.12' | sort -V -r); do
+    p="$(pyenv root)/versions/$v/bin/python3.12"; [ -x "$p" ] && { echo "$p"; return; }
+  done
+  for p in "$HOME"/.pyenv/versions/3.12*/bin/python3.12 "$(command -v python3.12 || true)"; do
+    [ -x "$p" ] && { echo "$p"; return; }
+  done
+}
+PY=$(find_python)
+[ -n "$PY" ] || die "no Python 3.12 found (install it with pyenv, or set SPROUT_PYTHON)"
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
+  say ok "venv: $VENV ($("$VENV/bin/python" --version))"
+else
+  rm -rf "$VENV"
+  "$PY" -m venv "$VENV"
+  say done "venv: $VENV from $PY"
+fi
+stamp="$VENV/.sprout-install"
+want_stamp="$(sha256sum "$REPO/pyproject.toml" | cut -d' ' -f1) $EXTRAS"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want_stamp" ] && MSWEA_SILENT_STARTUP=1 "$VENV/bin/python" -c 'import sprout, minisweagent, harbor' >/dev/null 2>&1; then
+  say ok "python package: sprout[$EXTRAS] installed"
+else
+  "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1
+  "$VENV/bin/python" -m pip install -q -e "$REPO[$EXTRAS]" >/dev/null 2>"$VENV/pip-errors.log" \
+    || die "pip install -e .[$EXTRAS] failed: $(tail -3 "$VENV/pip-errors.log")"
+  echo "$want_stamp" > "$stamp"
+  say done "python package: installed sprout[$EXTRAS]"
+fi
+
+# ---------------------------------------------------------------- runtime launcher
+RUNTIME="$REPO/runtime/sprout-runtime"
+launcher=$(cat <<EOF
+#!/bin/sh
+# sprout-runtime: runs a command inside a running Sprout sandbox (see sprout/sandbox/runtime.py).
+exec "$VENV/bin/python" -I -S -c 'import sys; sys.path[:0] = ["$REPO/sprout/sandbox"]; import runtime; sys.exit(runtime.main(sys.argv[1:]))' "\$@"
+EOF
+)
+if [ -x "$RUNTIME" ] && [ "$(cat "$RUNTIME")" = "$launcher" ]; then
+  say ok "runtime: $RUNTIME"
+else
+  mkdir -p "$(dirname "$RUNTIME")"
+  printf '%s\n' "$launcher" > "$RUNTIME.tmp" && chmod 755 "$RUNTIME.tmp" && mv "$RUNTIME.tmp" "$RUNTIME"
+  say done "runtime: wrote $RUNTIME"
+fi
+
+# ---------------------------------------------------------------- base images
+SPROUT_STORE="$STORE" "$VENV/bin/python" -m sprout.sandbox images bootstrap | sed 's/^/      /' \
+  || die "base images failed (python -m sprout.sandbox images bootstrap)"
+say ok "base images: python:3.11-slim, python:3.12-slim, debian:bookworm, ... in podman and the store"
+echo "ready: source .venv/bin/activate && python -m sprout.worker doctor"

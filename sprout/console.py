@@ -1,0 +1,34 @@
+"""What every Sprout command line shares: one clear error line and a non-zero exit, never a traceback."""
+
+import sys
+from collections.abc import Callable
+
+from rich.console import Console
+
+from .sandbox.errors import SproutError
+
+# Piped output (logs, tests, CI) gets wide tables instead of ids wrapped at 80 columns.
+console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+errors = Console(stderr=True, highlight=False)
+
+
+def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = None) -> None:
+    try:
+        code = main(sys.argv[1:] if argv is None else argv)
+    except SproutError as e:
+        errors.print(f"[red]error:[/red] {e}", markup=True)
+        code = 1
+    except KeyboardInterrupt:
+        errors.print("interrupted")
+        code = 130
+    sys.exit(code or 0)
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)

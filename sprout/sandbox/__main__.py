@@ -1,0 +1,223 @@
+"""python -m sprout.sandbox: images, sandboxes and checkpoints from the shell (the SDK's objects)."""
+
+import argparse
+import time
+from datetime import datetime
+from pathlib import Path
+
+from rich.table import Table
+
+from ..console import console, human_bytes, run_cli
+from . import images
+from .errors import SproutError
+from .store import Store
+
+
+def _store(args) -> Store:
+    return Store(args.store, runtime_bin=args.runtime_bin)
+
+
+def _when(ts: float) -> str:
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def cmd_images(args) -> int:
+    store = _store(args)
+    if args.action == "bootstrap":
+        started = time.monotonic()
+        for recipe in images.RECIPES:
+            reference = images.bootstrap(recipe, store.root / "cache" / "bootstrap", log=console.print)
+            image = store.import_image(reference)
+            console.print(f"ok   {recipe.name} -> {image.key} ({', '.join(recipe.tags[:3])}, ...)")
+        console.print(f"base images ready in {time.monotonic() - started:.1f}s")
+        return 0
+    if args.action == "import":
+        if not args.name:
+            raise SproutError("images import needs an image NAME")
+        image = store.import_image(args.name)
+        console.print(f"{image.key}  {', '.join(image.names)}")
+        return 0
+    table = Table("key", "image id", "names", "workdir", "user")
+    for image in store.images():
+        table.add_row(image.key, image.image_id[:12], "\n".join(image.names), image.config.workdir,
+                      image.config.user or "(root)")
+    console.print(table)
+    return 0
+
+
+def cmd_create(args) -> int:
+    store = _store(args)
+    sandbox = store.create_sandbox(args.image, memory=args.memory, pids=args.pids, cpus=args.cpus,
+                                   network=False if args.no_network else None, label=args.label)
+    console.print(sandbox.id)
+    return 0
+
+
+def cmd_exec(args) -> int:
+    store = _store(args)
+    command = args.command[1:] if args.command and args.command[0] == "--" else args.command
+    if not command:
+        raise SproutError("exec needs a COMMAND after the sandbox id")
+    env = dict(item.partition("=")[::2] for item in args.env)
+    result = store.sandbox(args.sandbox).exec(" ".join(command) if len(command) == 1 else command,
+                                             cwd=args.cwd, env=env, timeout=args.timeout)
+    console.out(result.output, end="")
+    return result.exit_code
+
+
+def cmd_checkpoint(args) -> int:
+    checkpoint = _store(args).sandbox(args.sandbox).checkpoint(label=args.label)
+    console.print(f"{checkpoint.id}  ({checkpoint.duration_ms:.1f} ms)")
+    return 0
+
+
+def cmd_branch(args) -> int:
+    sandbox = _store(args).checkpoint(args.checkpoint).branch(label=args.label)
+    console.print(sandbox.id)
+    return 0
+
+
+def cmd_ls(args) -> int:
+    store = _store(args)
+    if args.what in ("sandboxes", "all"):
+        table = Table("sandbox", "state", "image", "from checkpoint", "last checkpoint", "created", "label",
+                      title="sandboxes")
+        for sb in store.sandboxes():
+            table.add_row(sb.id, sb.state, sb.image_key, sb.base_checkpoint or "-", sb.last_checkpoint or "-",
+                          _when(sb.created), sb.label or "")
+        console.print(table)
+    if args.what in ("checkpoints", "all"):
+        table = Table("checkpoint", "sandbox", "parent", "label", "created", "ms", "exclusive", "exists",
+                      title="checkpoints")
+        for cp in store.checkpoints(args.sandbox):
+            size = store.size_of(cp) if args.sizes else None
+            table.add_row(cp.id, cp.sandbox_id, cp.parent or "-", cp.label or "", _when(cp.created),
+                          f"{cp.duration_ms:.1f}" if cp.duration_ms else "-",
+                          human_bytes(size) if args.sizes else "-", "yes" if cp.exists else "[red]MISSING[/red]")
+        console.print(table)
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    store = _store(args)
+    if args.id.startswith("ck-"):
+        cp = store.checkpoint(args.id)
+        console.print_json(data={"id": cp.id, "sandbox": cp.sandbox_id, "image": cp.image_key,
+                                 "parent": cp.parent, "label": cp.label, "created": _when(cp.created),
+                                 "duration_ms": cp.duration_ms, "path": str(cp.path), "exists": cp.exists,
+                                 "exclusive_bytes": store.size_of(cp),
+                                 "branches": [b.id for b in store.branches_of(cp.id)]})
+    else:
+        sb = store.sandbox(args.id)
+        console.print_json(data={"id": sb.id, "state": sb.state, "image": sb.image_key,
+                                 "container": sb.container, "base_checkpoint": sb.base_checkpoint,
+                                 "last_checkpoint": sb.last_checkpoint, "limits": sb.limits,
+                                 "path": str(sb.path), "exec_profile": str(sb.profile_path),
+                                 "checkpoints": [c.id for c in store.checkpoints(sb.id)]})
+    return 0
+
+
+def cmd_rm(args) -> int:
+    store = _store(args)
+    for item in args.ids:
+        if item.startswith("ck-"):
+            store.remove_checkpoint(item, force=args.force)
+        else:
+            store.remove_sandbox(item, force=args.force)
+        console.print(f"removed {item}")
+    return 0
+
+
+def cmd_start_stop(args) -> int:
+    sandbox = _store(args).sandbox(args.sandbox)
+    sandbox.start() if args.command_name == "start" else sandbox.stop()
+    console.print(f"{sandbox.id} {sandbox.state}")
+    return 0
+
+
+def cmd_gc(args) -> int:
+    older = None if args.older_than is None else args.older_than * 3600
+    removed = _store(args).gc(older_than_s=older, dry_run=args.dry_run)
+    for line in removed:
+        console.print(("would remove " if args.dry_run else "removed ") + line)
+    console.print(f"{len(removed)} item(s){' (dry run)' if args.dry_run else ''}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sprout.sandbox", description=(
+        "Sprout sandboxes: images are read-only btrfs subvolumes, a sandbox is a writable snapshot run "
+        "by podman, a checkpoint is a read-only snapshot of a sandbox, a branch is a new sandbox from one."))
+    p.add_argument("--store", type=Path, default=None, help="btrfs store (default: $SPROUT_STORE or ~/sprout-btrfs)")
+    p.add_argument("--runtime-bin", type=Path, default=None,
+                   help="run commands through this sprout-runtime (default: $SPROUT_RUNTIME_BIN, else podman exec)")
+    sub = p.add_subparsers(dest="command_name", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("images", help="list images; `bootstrap` the offline base images; `import NAME` from podman")
+    s.add_argument("action", nargs="?", choices=["ls", "bootstrap", "import"], default="ls")
+    s.add_argument("name", nargs="?", help="podman image to import")
+    s.set_defaults(func=cmd_images)
+
+    s = sub.add_parser("create", help="create and start a sandbox from an image")
+    s.add_argument("image", help="store key or podman image name (imported when missing)")
+    s.add_argument("--memory", help="memory limit, e.g. 2g (default 4g)")
+    s.add_argument("--pids", type=int, help="process limit (default 4096)")
+    s.add_argument("--cpus", type=float, help="CPU limit")
+    s.add_argument("--no-network", action="store_true", help="no network at all (default: own namespace with network)")
+    s.add_argument("--label")
+    s.set_defaults(func=cmd_create)
+
+    s = sub.add_parser("exec", help="run a command in a sandbox; exit status is the command's")
+    s.add_argument("sandbox")
+    s.add_argument("--cwd", help="directory inside the sandbox (default: the image's WORKDIR)")
+    s.add_argument("--env", action="append", default=[], metavar="K=V")
+    s.add_argument("--timeout", type=float, help="seconds; on timeout the whole process tree is killed")
+    s.add_argument("command", nargs=argparse.REMAINDER, help="a shell string, or -- ARGV...")
+    s.set_defaults(func=cmd_exec)
+
+    s = sub.add_parser("checkpoint", help="read-only snapshot of a sandbox")
+    s.add_argument("sandbox")
+    s.add_argument("--label")
+    s.set_defaults(func=cmd_checkpoint)
+
+    s = sub.add_parser("branch", help="new running sandbox from a checkpoint")
+    s.add_argument("checkpoint")
+    s.add_argument("--label")
+    s.set_defaults(func=cmd_branch)
+
+    s = sub.add_parser("ls", help="list sandboxes and checkpoints")
+    s.add_argument("what", nargs="?", choices=["all", "sandboxes", "checkpoints"], default="all")
+    s.add_argument("--sandbox", help="only this sandbox's checkpoints")
+    s.add_argument("--sizes", action="store_true", help="measure each checkpoint's exclusive size (slower)")
+    s.set_defaults(func=cmd_ls)
+
+    s = sub.add_parser("inspect", help="details of a sandbox (sb-...) or checkpoint (ck-...)")
+    s.add_argument("id")
+    s.set_defaults(func=cmd_inspect)
+
+    s = sub.add_parser("rm", help="delete sandboxes or checkpoints")
+    s.add_argument("ids", nargs="+")
+    s.add_argument("--force", action="store_true",
+                   help="stop a running sandbox first / delete a checkpoint that has live branches")
+    s.set_defaults(func=cmd_rm)
+
+    for name, text in (("start", "restart a stopped sandbox on its subvolume"), ("stop", "stop a sandbox, keep its disk")):
+        s = sub.add_parser(name, help=text)
+        s.add_argument("sandbox")
+        s.set_defaults(func=cmd_start_stop)
+
+    s = sub.add_parser("gc", help="remove what nothing references")
+    s.add_argument("--older-than", type=float, metavar="HOURS",
+                   help="also remove checkpoints older than this with no branch or child, and unused images")
+    s.add_argument("--dry-run", action="store_true")
+    s.set_defaults(func=cmd_gc)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    run_cli(main)

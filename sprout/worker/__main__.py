@@ -1,0 +1,47 @@
+"""python -m sprout.worker: `doctor` checks the host; `run` runs the agent with a checkpoint per turn."""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..console import console, run_cli
+from . import doctor
+
+
+def cmd_doctor(args) -> int:
+    checks = doctor.run_checks(args.store, args.runtime_bin)
+    if args.json:
+        print(json.dumps(doctor.as_json(checks), indent=2))
+    else:
+        for check in checks:
+            mark = "[green]PASS[/green]" if check.ok else "[red]FAIL[/red]"
+            console.print(f"{mark}  {check.name:<12} {check.detail}", markup=True, soft_wrap=True)
+    return 0 if all(c.ok for c in checks) else 1
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sprout.worker", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    s = sub.add_parser("doctor", help="check this host: btrfs store, podman, rlimits, images, runtime, smoke test")
+    s.add_argument("--store", type=Path, help="btrfs store (default: $SPROUT_STORE or ~/sprout-btrfs)")
+    s.add_argument("--runtime-bin", type=Path, help=f"sprout-runtime to check (default {doctor.DEFAULT_RUNTIME})")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(func=cmd_doctor)
+    try:
+        from . import run as run_command
+    except ImportError as e:  # the agent extra is optional for doctor
+        s = sub.add_parser("run", help=f"unavailable: {e}")
+        s.set_defaults(func=lambda _args: sys.exit(f"error: `run` needs the mini extra: pip install -e '.[mini]' ({e})"))
+    else:
+        run_command.add_parser(sub)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    run_cli(main)

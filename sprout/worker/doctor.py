@@ -1,0 +1,173 @@
+"""`python -m sprout.worker doctor`: one line per host check, each saying what to do when it fails."""
+
+import os
+import resource
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..sandbox import Store, podman, shell
+from ..sandbox.errors import SproutError
+from ..sandbox.images import RECIPES
+
+MIN_FREE_BYTES = 5 << 30
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_RUNTIME = REPO / "runtime" / "sprout-runtime"
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def _python() -> Check:
+    version = ".".join(map(str, sys.version_info[:3]))
+    ok = sys.version_info >= (3, 12)
+    return Check("python", ok, version if ok else f"{version}: Sprout needs 3.12+ (run ops/setup_podman.sh)")
+
+
+def _kernel_btrfs() -> Check:
+    if "btrfs" in Path("/proc/filesystems").read_text():
+        return Check("kernel btrfs", True, "btrfs in /proc/filesystems")
+    shell.run(["modprobe", "btrfs"], check=False)
+    ok = "btrfs" in Path("/proc/filesystems").read_text()
+    return Check("kernel btrfs", ok, "btrfs module loaded" if ok else "the kernel has no btrfs (modprobe btrfs failed)")
+
+
+def _store(root: Path | None) -> tuple[Check, Store | None]:
+    try:
+        store = Store(root)
+        probe = store.root / "state" / ".doctor-write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except (SproutError, OSError) as e:
+        return Check("store", False, str(e)), None
+    return Check("store", True, f"{store.root} mounted (btrfs) and writable"), store
+
+
+def _free_space(store: Store) -> Check:
+    free = shutil.disk_usage(store.root).free
+    ok = free >= MIN_FREE_BYTES
+    text = f"{free / 2**30:.1f} GiB free in {store.root}"
+    return Check("free space", ok, text if ok else f"{text}: free some space or grow the loop file (>= 5 GiB)")
+
+
+def _podman() -> Check:
+    if shutil.which("podman") is None:
+        return Check("podman", False, "podman is not installed (run ops/setup_podman.sh)")
+    proc = shell.run([*podman.PODMAN, "info", "--format", "{{.Host.OCIRuntime.Name}} {{.Version.Version}}"],
+                     check=False)
+    if proc.returncode != 0:
+        last = (proc.stderr.decode().strip().splitlines() or ["?"])[-1]
+        return Check("podman", False, f"`podman --runtime {podman.RUNTIME}` does not run: {last}")
+    runtime, version = proc.stdout.decode().split()
+    return Check("podman", True, f"podman {version} with runtime {runtime}, cgroup manager {podman.CGROUP_MANAGER}")
+
+
+def _cgroups() -> Check:
+    kind = shell.output(["stat", "-f", "-c", "%T", "/sys/fs/cgroup"])
+    if kind == "cgroup2fs":
+        mode = "v2 (unified)"
+    elif Path("/sys/fs/cgroup/unified").is_dir():
+        mode = "v1 hybrid"
+    else:
+        mode = "v1 legacy"
+    ok = podman.RUNTIME != "crun" or kind == "cgroup2fs"
+    detail = f"{mode}; Sprout uses {podman.RUNTIME} + {podman.CGROUP_MANAGER}"
+    return Check("cgroups", ok, detail if ok else f"{detail}: crun fails on cgroup v1, set SPROUT_OCI_RUNTIME=runc")
+
+
+def _rlimits() -> Check:
+    limits = []
+    for name, res, flag_value in (("nofile", resource.RLIMIT_NOFILE, podman.NOFILE_WANTED),
+                                  ("nproc", resource.RLIMIT_NPROC, podman.NPROC_WANTED)):
+        hard = resource.getrlimit(res)[1]
+        limits.append(f"{name} hard={'unlimited' if hard == resource.RLIM_INFINITY else hard}")
+    flags = " ".join(podman.ulimit_flags()).replace("--ulimit ", "")
+    dropin = Path("/etc/containers/containers.conf.d/50-sprout.conf")
+    note = "" if dropin.exists() else "; plain `podman run` may still fail with setrlimit (run ops/setup_podman.sh)"
+    return Check("rlimits", True, f"{', '.join(limits)}; sandboxes get {flags} (podman's defaults exceed "
+                                  f"these hosts' hard limits){note}")
+
+
+def _base_images(store: Store) -> Check:
+    missing = []
+    for recipe in RECIPES:
+        try:
+            store.image(recipe.tags[0])
+        except SproutError:
+            missing.append(recipe.tags[0])
+    if missing:
+        return Check("base images", False, f"missing {', '.join(missing)}: run python -m sprout.sandbox images bootstrap")
+    return Check("base images", True, ", ".join(r.tags[0].removeprefix("docker.io/library/") for r in RECIPES))
+
+
+def _runtime_bin(runtime_bin: Path) -> Check:
+    if not runtime_bin.exists():
+        return Check("runtime", False, f"{runtime_bin} is missing (ops/setup_podman.sh writes it)")
+    if not os.access(runtime_bin, os.X_OK):
+        return Check("runtime", False, f"{runtime_bin} is not executable (chmod +x it)")
+    return Check("runtime", True, str(runtime_bin))
+
+
+def _smoke(store: Store, runtime_bin: Path | None) -> Check:
+    """Creates a sandbox, runs a command, checkpoints, branches, destroys; reports each step's time."""
+    timings: dict[str, float] = {}
+    sandboxes = []
+
+    def timed(name: str, fn: Callable):
+        started = time.perf_counter()
+        value = fn()
+        timings[name] = (time.perf_counter() - started) * 1000
+        return value
+
+    try:
+        smoke_store = Store(store.root, runtime_bin=runtime_bin)
+        image = smoke_store.image(RECIPES[-1].tags[0])
+        sandbox = timed("create", lambda: smoke_store.create_sandbox(image, label="doctor"))
+        sandboxes.append(sandbox)
+        result = timed("exec", lambda: sandbox.exec("echo sprout > /tmp/doctor && cat /tmp/doctor"))
+        if result.exit_code != 0 or result.output.strip() != "sprout":
+            return Check("smoke test", False, f"exec gave exit {result.exit_code}: {result.output.strip()[:200]}")
+        checkpoint = timed("checkpoint", lambda: sandbox.checkpoint(label="doctor"))
+        branch = timed("branch", checkpoint.branch)
+        sandboxes.append(branch)
+        seen = branch.exec("cat /tmp/doctor").output.strip()
+        if seen != "sprout":
+            return Check("smoke test", False, f"the branch does not see the checkpoint's file (got {seen!r})")
+        timed("destroy", lambda: [s.destroy() for s in sandboxes])
+        sandboxes.clear()
+        smoke_store.remove_checkpoint(checkpoint.id)
+    except SproutError as e:
+        return Check("smoke test", False, str(e))
+    finally:
+        for s in sandboxes:
+            s.destroy()
+    via = "sprout-runtime" if runtime_bin else "podman exec"
+    return Check("smoke test", True, f"exec via {via}: " + ", ".join(f"{k} {v:.0f} ms" for k, v in timings.items()))
+
+
+def run_checks(store_root: Path | None = None, runtime_bin: Path | None = None) -> list[Check]:
+    runtime_bin = runtime_bin or DEFAULT_RUNTIME
+    checks = [_python(), _kernel_btrfs()]
+    store_check, store = _store(store_root)
+    checks.append(store_check)
+    checks += [_podman(), _cgroups(), _rlimits(), _runtime_bin(runtime_bin)]
+    if store is None:
+        checks += [Check(name, False, "skipped: no store") for name in ("free space", "base images", "smoke test")]
+        return checks
+    checks += [_free_space(store), _base_images(store)]
+    if all(c.ok for c in checks):
+        checks.append(_smoke(store, runtime_bin if os.access(runtime_bin, os.X_OK) else None))
+    else:
+        checks.append(Check("smoke test", False, "skipped: fix the failures above first"))
+    return checks
+
+
+def as_json(checks: list[Check]) -> dict:
+    return {"ok": all(c.ok for c in checks), "checks": [asdict(c) for c in checks]}

@@ -1,0 +1,62 @@
+"""The sandbox CLI and `worker doctor`, run as a user runs them."""
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.conftest import DEBIAN_IMAGE, REPO, RUNTIME_BIN
+
+
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, **(env or {})}, timeout=300)
+
+
+def test_sandbox_cli_round_trip():
+    sandbox = cli("sprout.sandbox", "create", DEBIAN_IMAGE, "--label", "cli-test").stdout.strip()
+    assert sandbox.startswith("sb-")
+    try:
+        rt = ("--runtime-bin", str(RUNTIME_BIN))
+        assert cli("sprout.sandbox", *rt, "exec", sandbox, "echo hi > /root/a && cat /root/a").stdout == "hi\n"
+        failed = cli("sprout.sandbox", "exec", sandbox, "exit 7")
+        assert failed.returncode == 7
+        checkpoint = cli("sprout.sandbox", "checkpoint", sandbox).stdout.split()[0]
+        assert checkpoint.startswith("ck-")
+        branch = cli("sprout.sandbox", "branch", checkpoint).stdout.strip()
+        assert cli("sprout.sandbox", *rt, "exec", branch, "cat /root/a").stdout == "hi\n"
+        listing = cli("sprout.sandbox", "ls").stdout
+        assert sandbox in listing and checkpoint in listing and branch in listing
+        refused = cli("sprout.sandbox", "rm", checkpoint)
+        assert refused.returncode == 1 and "live branch" in refused.stderr and "Traceback" not in refused.stderr
+        refused = cli("sprout.sandbox", "rm", sandbox)
+        assert refused.returncode == 1 and "running" in refused.stderr
+        assert cli("sprout.sandbox", "rm", "--force", branch, sandbox, checkpoint).returncode == 0
+        assert sandbox not in cli("sprout.sandbox", "ls").stdout
+    finally:
+        cli("sprout.sandbox", "rm", "--force", sandbox)
+
+
+def test_unknown_ids_and_images_give_one_clear_line():
+    result = cli("sprout.sandbox", "exec", "sb-nope", "true")
+    assert result.returncode == 1 and "no sandbox 'sb-nope'" in result.stderr and "Traceback" not in result.stderr
+    result = cli("sprout.sandbox", "create", "localhost/no/such:image")
+    assert result.returncode == 1 and "no image" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_doctor_passes_on_this_host():
+    result = cli("sprout.worker", "doctor", "--json")
+    report = json.loads(result.stdout)
+    assert result.returncode == 0, result.stdout
+    names = [c["name"] for c in report["checks"]]
+    assert names[:3] == ["python", "kernel btrfs", "store"] and "smoke test" in names
+    smoke = next(c for c in report["checks"] if c["name"] == "smoke test")
+    assert "checkpoint" in smoke["detail"] and "branch" in smoke["detail"]
+
+
+def test_doctor_fails_clearly_when_the_store_is_missing(tmp_path):
+    result = cli("sprout.worker", "doctor", env={"SPROUT_STORE": str(tmp_path / "nowhere")})
+    assert result.returncode == 1
+    store_line = next(line for line in result.stdout.splitlines() if "store " in line)
+    assert store_line.startswith("FAIL") and "no btrfs store" in store_line and "setup_podman.sh" in store_line
+    assert "Traceback" not in result.stdout + result.stderr
