@@ -103,6 +103,6 @@ def remove_container(name: str) -> None:
 
 
 def container_names(label: str) -> dict[str, str]:
-    """name -> state of every container carrying the label."""
+    """name -> state of every container carrying the label (`key` or `key=value`)."""
     out = podman("ps", "-a", "--filter", f"label={label}", "--format", "{{.Names}} {{.State}}")
     return dict(line.split(" ", 1) for line in out.splitlines() if " " in line)

@@ -28,6 +28,7 @@ from .podman import ImageConfig
 
 CONTAINER_PREFIX = "sprout-"
 LABEL = "sprout.sandbox"
+STORE_LABEL = "sprout.store"  # several stores may share one podman
 DEFAULT_LIMITS = {"memory": "4g", "pids": 4096, "cpus": None, "network": True}
 DEFAULT_SHELL = ("bash", "-c")
 
@@ -275,7 +276,7 @@ class Store:
             name=sandbox.container, rootfs=str(sandbox.path), env=config.env, workdir=config.workdir,
             user=config.user, memory=sandbox.limits.get("memory"), pids=sandbox.limits.get("pids"),
             cpus=sandbox.limits.get("cpus"), network=sandbox.limits.get("network", True),
-            labels={LABEL: sandbox.id})
+            labels={LABEL: sandbox.id, STORE_LABEL: str(self.root)})
         container_id = podman.run_container(spec)
         sandbox.profile_path.parent.mkdir(parents=True, exist_ok=True)
         confinement.write(confinement.capture(container_id), sandbox.profile_path)
@@ -349,7 +350,7 @@ class Store:
                     removed.append(f"orphan {kind[:-1]} subvolume {path.name}")
                     if not dry_run:
                         btrfs.delete(path)
-        for name in podman.container_names(LABEL):
+        for name in podman.container_names(f"{STORE_LABEL}={self.root}"):
             if name.removeprefix(CONTAINER_PREFIX) not in known["sandboxes"]:
                 removed.append(f"orphan container {name}")
                 if not dry_run:
@@ -401,6 +402,8 @@ def _unpack(reference: str, dest: Path) -> None:
 
 def ensure_mounted(root: Path) -> None:
     """Mounts the store's loop file again if the machine rebooted; fails clearly when there is no store."""
+    if not root.exists() and btrfs.is_btrfs(_existing_ancestor(root)):
+        root.mkdir(parents=True)
     if btrfs.is_btrfs(root):
         return
     image = Path(os.environ.get("SPROUT_STORE_IMAGE", f"{root}.img"))
@@ -413,3 +416,9 @@ def ensure_mounted(root: Path) -> None:
     shell.run(["mount", "-o", "loop,noatime", str(image), str(root)], what=f"mounting {image}")
     if not btrfs.is_btrfs(root):
         raise StoreError(f"{image} is mounted at {root} but is not btrfs")
+
+
+def _existing_ancestor(path: Path) -> Path:
+    while not path.exists():
+        path = path.parent
+    return path

@@ -1,6 +1,7 @@
 """Sandbox store on real podman + btrfs: files across checkpoints and branches, exec, limits, recovery."""
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -163,8 +164,11 @@ def test_restart_after_the_container_dies(store):
     assert sb.state == "running" and read(sb, "/root/state") == "survived"
 
 
-def test_checkpoint_with_branches_refused_and_gc_keeps_referenced(store):
-    a = store.create_sandbox(DEBIAN_IMAGE)
+def test_checkpoint_with_branches_refused_and_gc_keeps_referenced(store, tmp_path_factory):
+    # gc with older_than_s=0 collects every unreferenced checkpoint: give it a store of its own
+    root = store.root / "test-stores" / tmp_path_factory.mktemp("gc").name
+    store = Store(root, runtime_bin=store.runtime_bin)
+    a = store.create_sandbox(store.import_image(DEBIAN_IMAGE))
     cp1 = a.checkpoint()
     a.exec("echo x > /root/x")
     cp2 = a.checkpoint()  # child of cp1, nothing branches from it
@@ -180,6 +184,13 @@ def test_checkpoint_with_branches_refused_and_gc_keeps_referenced(store):
     assert not stray.exists() and not cp2.exists
     assert any(im.key == a.image_key for im in store.images())
     branch.destroy()
+    a.destroy()
+    for checkpoint in store.checkpoints():
+        checkpoint.delete()
+    for image in store.images():
+        btrfs.delete(image.path)
+    store.meta.close()
+    shutil.rmtree(root)
 
 
 def test_image_config_is_applied(store, tmp_path):
