@@ -1,0 +1,69 @@
+"""mini-swe-agent's own model classes pointed at any OpenAI-compatible Chat Completions endpoint."""
+
+import os
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from ..sandbox.errors import SproutError
+
+MODEL_CLASSES = {
+    "tools": ("mini.yaml", "litellm"),  # tool calls (LitellmModel), mini-swe-agent's default
+    "text": ("mini_textbased.yaml", "litellm_textbased"),  # ```mswea_bash_command blocks, no tools
+}
+
+
+@dataclass
+class Endpoint:
+    """Where the model is served. The key is read from an environment variable, never stored."""
+
+    url: str
+    key_env: str = "OPENAI_API_KEY"
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.url).netloc
+
+    @property
+    def key(self) -> str:
+        return os.environ.get(self.key_env, "")
+
+    @classmethod
+    def resolve(cls, url: str | None, key_env: str | None) -> "Endpoint":
+        url = url or os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_BASE")
+        if not url:
+            raise SproutError("no model endpoint: pass --model-endpoint URL or set OPENAI_BASE_URL")
+        if not url.startswith(("http://", "https://")):
+            raise SproutError(f"the model endpoint must be an http(s) URL, got {url!r}")
+        key_env = key_env or "OPENAI_API_KEY"
+        if key_env not in os.environ:
+            raise SproutError(f"the model key variable {key_env} is not set (export it, or pass "
+                              "--model-key-env with the name of the variable holding the key)")
+        return cls(url.rstrip("/"), key_env)
+
+
+def mswea_config(model_class: str) -> dict:
+    from minisweagent.config import get_config_from_spec
+
+    if model_class not in MODEL_CLASSES:
+        raise SproutError(f"--model-class must be one of {', '.join(MODEL_CLASSES)}, got {model_class!r}")
+    return get_config_from_spec(MODEL_CLASSES[model_class][0])
+
+
+def make_model(name: str, endpoint: Endpoint, model_class: str = "tools", config: dict | None = None):
+    """LitellmModel (tools) or LitellmTextbasedModel (text) for `name` served at `endpoint`.
+
+    Cost tracking ignores unpriced models (cost stays 0; Sprout limits tokens instead); retries with
+    exponential backoff on 429/5xx/timeouts are mini-swe-agent's own (MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT)."""
+    import litellm
+    from minisweagent.models import get_model
+
+    litellm.suppress_debug_info = True  # else every failed call prints a "Provider List" banner
+    model_config = dict((config or mswea_config(model_class))["model"])
+    model_config |= {
+        "model_name": name if name.startswith("openai/") else f"openai/{name}",
+        "model_class": MODEL_CLASSES[model_class][1],
+        "cost_tracking": "ignore_errors",
+        "model_kwargs": {**model_config.get("model_kwargs", {}), "api_base": endpoint.url,
+                         "api_key": endpoint.key or "none"},
+    }
+    return get_model(config=model_config)

@@ -1,0 +1,249 @@
+"""One rollout: mini-swe-agent's DefaultAgent in a sandbox, a checkpoint and a journal line per turn.
+
+The agent is unmodified; two of its documented extension points are used (notes/mswea.md §3):
+`save()`, which DefaultAgent.run() calls after every iteration, is the per-turn hook, and the one
+`add_messages(system, instance)` call at the start of run() is where a resumed rollout swaps in the
+messages up to the turn it branches from, so the stock loop runs unchanged.
+"""
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from minisweagent.agents.default import DefaultAgent
+from minisweagent.exceptions import LimitsExceeded
+
+from ..sandbox import Sandbox, Store
+from ..sandbox.errors import SproutError
+from .environment import SproutEnvironment
+from .journal import (OBSERVATION_CAP, Header, JournalWriter, Limits, Outcome, ParentRef, Turn,
+                      read_journal)
+from .models import Endpoint, make_model, mswea_config
+
+
+@dataclass
+class RolloutSpec:
+    task: str
+    model: str
+    endpoint: Endpoint
+    journal: Path
+    image: str = "docker.io/library/python:3.11-slim"
+    cwd: str = "/tmp"
+    model_class: str = "tools"
+    step_limit: int = 50
+    token_limit: int = 2_000_000
+    wall_time_s: int = 3600
+    command_timeout_s: int = 120
+    keep_sandbox: bool = False
+    # branching
+    from_journal: Path | None = None
+    from_turn: int | None = None
+    note: str | None = None
+
+
+@dataclass
+class TurnEvent:
+    turn: Turn
+    total_tokens: int
+
+
+@dataclass
+class RolloutResult:
+    outcome: Outcome
+    journal: Path
+    sandbox_id: str
+    checkpoints: list[str] = field(default_factory=list)
+
+
+def _usage(message: dict) -> tuple[int, int]:
+    usage = (message.get("extra", {}).get("response") or {}).get("usage") or {}
+    return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+
+
+def _cap(text: str) -> str:
+    return text if len(text) <= OBSERVATION_CAP else text[:OBSERVATION_CAP] + f"\n[... {len(text) - OBSERVATION_CAP} chars]"
+
+
+class JournalingAgent(DefaultAgent):
+    """DefaultAgent plus a per-turn callback, a token limit, and resume from saved messages."""
+
+    def __init__(self, *args, on_start: Callable[["JournalingAgent"], None],
+                 on_turn: Callable[["JournalingAgent", list[dict]], None], token_limit: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.on_start, self.on_turn = on_start, on_turn
+        self._started = False
+        self.token_limit = token_limit
+        self.tokens = 0
+        self.model_latency = 0.0
+        self._journaled = 0  # messages already journaled
+        self._resume_messages: list[dict] | None = None
+
+    def query(self) -> dict:
+        if 0 < self.token_limit <= self.tokens:
+            raise LimitsExceeded({"role": "exit", "content": "LimitsExceeded",
+                                  "extra": {"exit_status": "LimitsExceeded", "submission": ""}})
+        started = time.monotonic()
+        try:
+            message = super().query()
+        finally:
+            self.model_latency += time.monotonic() - started
+        self.tokens += sum(_usage(message))
+        return message
+
+    def save(self, path, *extra_dicts):
+        data = super().save(path, *extra_dicts)
+        new = self.messages[self._journaled:]
+        if new and self._started:
+            self._journaled = len(self.messages)
+            self.on_turn(self, new)
+        return data
+
+    def add_messages(self, *messages: dict) -> list[dict]:
+        if self._started:
+            return super().add_messages(*messages)
+        # run()'s one add_messages(system, instance) call: a resumed rollout swaps in its messages
+        if self._resume_messages is not None:
+            self.messages, self._resume_messages = self._resume_messages, None
+            added = list(self.messages)
+        else:
+            added = super().add_messages(*messages)
+        self._started = True
+        self._journaled = len(self.messages)
+        self.on_start(self)
+        return added
+
+    def resume_with(self, messages: list[dict], n_calls: int) -> None:
+        self._resume_messages = messages
+        self.n_calls = n_calls
+
+
+def resume_messages(messages: list[dict], model, note: str | None) -> list[dict]:
+    """The messages to continue from: a trailing exit reopened, open tool calls answered, the note added."""
+    messages = copy.deepcopy(messages)
+    if messages and messages[-1].get("role") == "exit":
+        messages.pop()
+        last = messages[-1] if messages else {}
+        if last.get("role") == "assistant" and last.get("extra", {}).get("actions"):
+            messages += model.format_observation_messages(last, [], {})
+    if note:
+        messages.append(model.format_message(role="user", content=note))
+    return messages
+
+
+def _outcome_status(exit_status: str) -> str:
+    if exit_status == "Submitted":
+        return "submitted"
+    if exit_status in ("LimitsExceeded", "TimeExceeded", "RepeatedFormatError"):
+        return "limits_exceeded"
+    return "error"
+
+
+def run_rollout(spec: RolloutSpec, store: Store, on_event: Callable[[TurnEvent], None] | None = None,
+                sandbox: Sandbox | None = None) -> RolloutResult:
+    """Runs (or resumes) one rollout, journaling every turn; the sandbox is destroyed at the end
+    unless `keep_sandbox` (its checkpoints stay)."""
+    config = mswea_config(spec.model_class)
+    model = make_model(spec.model, spec.endpoint, spec.model_class, config)
+    prefix, n_calls, first_turn, parent = None, 0, 1, None
+    parent_journal = read_journal(spec.from_journal) if spec.from_journal is not None else None
+    if spec.journal.exists():  # checked before a sandbox is made; JournalWriter checks again atomically
+        raise SproutError(f"the journal {spec.journal} already exists; choose another path or remove it")
+    if parent_journal is not None:
+        turn = parent_journal.turn(spec.from_turn)
+        if turn.checkpoint is None:
+            raise SproutError(f"turn {turn.turn} of {spec.from_journal} has no checkpoint")
+        if Path(parent_journal.header.store) != store.root:
+            raise SproutError(f"turn {turn.turn}'s checkpoint lives in the store {parent_journal.header.store}, "
+                              f"not in {store.root}; set SPROUT_STORE={parent_journal.header.store}")
+        checkpoint = store.checkpoint(turn.checkpoint)
+        sandbox = checkpoint.branch(label=f"branch of {turn.checkpoint}")
+        prefix = resume_messages(parent_journal.messages_up_to(turn.turn), model, spec.note)
+        n_calls, first_turn = turn.n_calls, turn.turn + 1
+        parent = ParentRef(journal=str(spec.from_journal), turn=turn.turn, checkpoint=turn.checkpoint, note=spec.note)
+        spec.task = parent_journal.header.task
+    elif sandbox is None:
+        sandbox = store.create_sandbox(spec.image, label=f"rollout {spec.journal.name}")
+    env = SproutEnvironment(sandbox, **(config.get("environment", {}) | {
+        "cwd": spec.cwd, "timeout": spec.command_timeout_s}))
+    agent_config = {k: v for k, v in config["agent"].items() if k in ("system_template", "instance_template",
+                                                                         "max_consecutive_format_errors")}
+    try:
+        writer = JournalWriter(spec.journal)
+    except SproutError:
+        sandbox.destroy()
+        raise
+    result = RolloutResult(outcome=None, journal=spec.journal, sandbox_id=sandbox.id)  # type: ignore[arg-type]
+    totals = {"in": 0, "out": 0}
+    started = time.monotonic()
+    turn_number = first_turn - 1
+
+    def on_turn(agent: JournalingAgent, new: list[dict]) -> None:
+        nonlocal turn_number
+        if not any(m.get("role") in ("assistant", "user", "tool") for m in new):
+            return  # an iteration that only ended the run (limits): nothing happened in the sandbox
+        turn_number += 1
+        assistant = next((m for m in new if m.get("role") == "assistant"), {})
+        observations = [m for m in new if m.get("role") in ("tool", "user")]
+        actions = assistant.get("extra", {}).get("actions", [])
+        returncodes = [m.get("extra", {}).get("returncode") for m in observations]
+        tokens_in, tokens_out = _usage(assistant)
+        totals["in"] += tokens_in
+        totals["out"] += tokens_out
+        checkpoint = sandbox.checkpoint(label=f"turn {turn_number}")
+        result.checkpoints.append(checkpoint.id)
+        exit_message = next((m for m in new if m.get("role") == "exit"), None)
+        observation = "\n".join(str(m.get("content", "")) for m in observations)
+        if exit_message and not observation:
+            observation = str(exit_message.get("content", ""))
+        record = Turn(turn=turn_number, checkpoint=checkpoint.id, thought=str(assistant.get("content") or ""),
+                      commands=[a.get("command", "") for a in actions], observation=_cap(observation),
+                      exit_code=next((rc for rc in reversed(returncodes) if rc is not None), None),
+                      tokens_in=tokens_in, tokens_out=tokens_out, model_latency_s=round(agent.model_latency, 4),
+                      command_s=round(env.command_seconds, 4), checkpoint_ms=round(checkpoint.duration_ms, 2),
+                      n_calls=agent.n_calls, new_messages=new)
+        agent.model_latency, env.command_seconds = 0.0, 0.0
+        writer.write(record)
+        if on_event:
+            on_event(TurnEvent(record, totals["in"] + totals["out"]))
+
+    def on_start(agent: JournalingAgent) -> None:
+        header.messages = list(agent.messages)
+        writer.write(header)
+
+    agent = JournalingAgent(model, env, on_start=on_start, on_turn=on_turn, token_limit=spec.token_limit,
+                            step_limit=spec.step_limit, cost_limit=0, wall_time_limit_seconds=spec.wall_time_s,
+                            **agent_config)
+    header = Header(task=spec.task, model=spec.model, model_class=spec.model_class,
+                    endpoint_host=spec.endpoint.host, image=spec.image, image_key=sandbox.image_key, cwd=spec.cwd,
+                    limits=Limits(step_limit=spec.step_limit, token_limit=spec.token_limit,
+                                  wall_time_s=spec.wall_time_s, command_timeout_s=spec.command_timeout_s),
+                    store=str(store.root), sandbox=sandbox.id, parent=parent, first_turn=first_turn,
+                    n_calls=n_calls, messages=prefix or [])
+    if prefix is not None:
+        agent.resume_with(prefix, n_calls)
+    try:
+        try:
+            info = agent.run(spec.task)
+            exit_status, message = info.get("exit_status", ""), info.get("exception_str", "")
+        except Exception as e:  # the agent already appended an exit message and journaled the turn
+            exit_status, message = type(e).__name__, _error_text(e)
+            info = {"submission": ""}
+        result.outcome = Outcome(status=_outcome_status(exit_status), exit_status=exit_status, message=message,
+                                 submission=info.get("submission", "") or "", turns=turn_number - first_turn + 1,
+                                 tokens_in=totals["in"], tokens_out=totals["out"],
+                                 wall_s=round(time.monotonic() - started, 3),
+                                 final_checkpoint=result.checkpoints[-1] if result.checkpoints else (
+                                     parent.checkpoint if parent else None))
+        writer.write(result.outcome)
+    finally:
+        writer.close()
+        if not spec.keep_sandbox:
+            sandbox.destroy()
+    return result
+
+
+def _error_text(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:500]
