@@ -194,7 +194,7 @@ def run_rollout(spec: RolloutSpec, store: Store, on_event: Callable[[TurnEvent],
         checkpoint = sandbox.checkpoint(label=f"turn {turn_number}")
         result.checkpoints.append(checkpoint.id)
         exit_message = next((m for m in new if m.get("role") == "exit"), None)
-        observation = "\n".join(str(m.get("content", "")) for m in observations)
+        observation = "\n".join(str(m.get("extra", {}).get("raw_output", m.get("content", ""))) for m in observations)
         if exit_message and not observation:
             observation = str(exit_message.get("content", ""))
         record = Turn(turn=turn_number, checkpoint=checkpoint.id, thought=str(assistant.get("content") or ""),
