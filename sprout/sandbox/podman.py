@@ -72,8 +72,9 @@ class ContainerSpec:
 
 
 def run_container(spec: ContainerSpec) -> str:
-    """Starts a long-lived container on a rootfs directory; returns its id."""
-    args = ["run", "-d", "--init", "--name", spec.name, "--hostname", spec.hostname,
+    """Starts a long-lived container on a rootfs directory; returns its id. Its main process is
+    `sleep infinity` under podman's init, so it logs nothing: no log driver saves ~20 ms a start."""
+    args = ["run", "-d", "--init", "--log-driver", "none", "--name", spec.name, "--hostname", spec.hostname,
             "--security-opt", "no-new-privileges", "--workdir", spec.workdir or "/",
             *ulimit_flags()]
     if spec.user:
