@@ -1,0 +1,47 @@
+"""The Run Store: jobs (rollout, grade, review, gate) that workers on many hosts claim under leases.
+
+* ``store.RunStore``: the store itself, over SQLite or PostgreSQL (needs the ``runstore`` extra).
+* ``api.create_app``: its HTTP API; ``python -m sprout.runstore.api`` serves it.
+* ``client.RunStoreClient``: the HTTP client, with the store's methods and models.
+
+This package imports nothing else of Sprout. Importing it loads only the models,
+the errors and the kinds registry; the store, API and client are imported from
+their modules.
+"""
+
+from .errors import (
+    ApiError,
+    Forbidden,
+    InvalidPayload,
+    InvalidTransition,
+    JobNotFound,
+    LeaseLost,
+    RunStoreError,
+    StoreOpenError,
+    Unauthorized,
+    UnknownKind,
+)
+from .kinds import register_kind, registered_kinds
+from .models import Claim, Event, EventType, Job, JobPage, JobSpec, JobState
+
+__all__ = [
+    "ApiError",
+    "Claim",
+    "Event",
+    "EventType",
+    "Forbidden",
+    "InvalidPayload",
+    "InvalidTransition",
+    "Job",
+    "JobNotFound",
+    "JobPage",
+    "JobSpec",
+    "JobState",
+    "LeaseLost",
+    "RunStoreError",
+    "StoreOpenError",
+    "Unauthorized",
+    "UnknownKind",
+    "register_kind",
+    "registered_kinds",
+]

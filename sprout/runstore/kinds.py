@@ -1,0 +1,88 @@
+"""Job kinds and their payload models.
+
+Every kind has a pydantic model that validates the payload on submit. The four
+built-in kinds are registered here; more can be added with ``register_kind``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from .errors import InvalidPayload, UnknownKind
+
+
+class Payload(BaseModel):
+    """Base of the payload models: unknown fields are rejected, so typos surface on submit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class RolloutPayload(Payload):
+    """Run (or continue) an agent on a task inside an image."""
+
+    task: str
+    image: str | None = None
+    model: str | None = None
+    from_checkpoint: str | None = None
+    turn: int | None = None
+    note: str | None = None
+    options: dict[str, Any] = {}
+
+
+class GradePayload(Payload):
+    """Grade a checkpoint against a task's verifier."""
+
+    checkpoint_id: str
+    task_dir: str
+
+
+class ReviewPayload(Payload):
+    """Review a rollout's journal together with the verifier's output."""
+
+    journal: str
+    verifier_output: str | None = None
+
+
+class GatePayload(Payload):
+    """Check that a task is well formed before rollouts are spent on it."""
+
+    task_dir: str
+
+
+_KINDS: dict[str, type[BaseModel]] = {}
+
+
+def register_kind(name: str, payload_model: type[BaseModel]) -> None:
+    """Make ``name`` a valid job kind whose payloads ``payload_model`` validates."""
+    if not name or not name.replace("_", "").replace("-", "").isalnum():
+        raise ValueError(f"invalid job kind name {name!r}: use letters, digits, '-' and '_'")
+    _KINDS[name] = payload_model
+
+
+def registered_kinds() -> list[str]:
+    return sorted(_KINDS)
+
+
+def validate_payload(kind: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """Return ``payload`` validated and normalised (JSON-ready) for ``kind``."""
+    model = _KINDS.get(kind)
+    if model is None:
+        raise UnknownKind(f"unknown job kind {kind!r}; registered kinds: {', '.join(registered_kinds())}")
+    try:
+        return model.model_validate(payload).model_dump(mode="json")
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'payload'}: {err['msg']}" for err in exc.errors()
+        )
+        raise InvalidPayload(f"invalid payload for kind {kind!r}: {problems}") from None
+
+
+for _name, _model in (
+    ("rollout", RolloutPayload),
+    ("grade", GradePayload),
+    ("review", ReviewPayload),
+    ("gate", GatePayload),
+):
+    register_kind(_name, _model)

@@ -1,0 +1,166 @@
+"""The Run Store worker: claims jobs for its host and capacity, runs them, heartbeats, reports.
+
+    python -m sprout.runstore.worker --slots 2 [--host-id NAME] [--kinds rollout,grade]
+
+URL and token come from SPROUT_RUNSTORE_URL / SPROUT_RUNSTORE_TOKEN (what `services env` exports) or
+--url / --token-file. On SIGTERM it drains: claims nothing more, lets running jobs finish for up to
+--drain-timeout seconds, then releases the leases it still holds so other workers take them at once.
+Connection errors (an API restart) are retried by the client; a lease lost meanwhile is logged and
+the job's late result is refused by the store, never applied twice.
+"""
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from .client import RunStoreClient
+from .errors import LeaseLost, RunStoreError
+from .models import Claim
+
+Handler = Callable[[Claim], Any]
+log = logging.getLogger("sprout.worker")
+
+
+class Worker:
+    def __init__(self, client: RunStoreClient, handlers: dict[str, Handler], *, host: str, slots: int = 1,
+                 lease_s: float = 120.0, heartbeat_s: float = 20.0, wait_s: float = 5.0,
+                 alive_file: Path | None = None):
+        self.client, self.handlers, self.host, self.slots = client, handlers, host, slots
+        self.lease_s, self.heartbeat_s, self.wait_s = lease_s, heartbeat_s, wait_s
+        self.worker_id = f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.alive_file = alive_file
+        self.draining = threading.Event()
+        self._active: dict[int, Claim] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="job")
+
+    def run(self, drain_timeout_s: float = 600.0) -> None:
+        log.info("worker %s: %d slot(s), kinds %s", self.worker_id, self.slots, ", ".join(self.handlers))
+        while not self.draining.is_set():
+            if self.alive_file:
+                self.alive_file.touch()
+            free = self.slots - len(self._active)
+            if free <= 0:
+                time.sleep(0.2)
+                continue
+            try:
+                claims = self.client.claim(self.worker_id, self.host, kinds=list(self.handlers), limit=free,
+                                           lease_s=self.lease_s, wait_s=self.wait_s)
+            except RunStoreError as e:
+                log.warning("claim failed: %s", e)
+                time.sleep(1)
+                continue
+            for claim in claims:
+                with self._lock:
+                    self._active[claim.job.id] = claim
+                self._pool.submit(self._run_one, claim)
+        self._drain(drain_timeout_s)
+
+    def stop(self, *_args) -> None:
+        if not self.draining.is_set():
+            log.info("draining: no new claims; %d job(s) running", len(self._active))
+        self.draining.set()
+
+    def _drain(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self._active and time.monotonic() < deadline:
+            time.sleep(0.2)
+        with self._lock:
+            leftover = list(self._active.values())
+        for claim in leftover:
+            try:
+                self.client.release(claim.job.id, claim.lease_token)
+                log.info("released job %d", claim.job.id)
+            except RunStoreError as e:
+                log.warning("could not release job %d: %s", claim.job.id, e)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _heartbeat(self, claim: Claim, done: threading.Event) -> None:
+        while not done.wait(self.heartbeat_s):
+            try:
+                self.client.heartbeat(claim.job.id, claim.lease_token, extend_s=self.lease_s)
+            except LeaseLost:
+                log.warning("job %d: lease lost; its result will be refused", claim.job.id)
+                return
+            except RunStoreError as e:
+                log.warning("job %d: heartbeat failed: %s", claim.job.id, e)
+
+    def _run_one(self, claim: Claim) -> None:
+        job, done = claim.job, threading.Event()
+        beat = threading.Thread(target=self._heartbeat, args=(claim, done), daemon=True)
+        beat.start()
+        log.info("job %d (%s) started%s", job.id, job.kind, f", ship from {claim.ship_from}" if claim.ship_from else "")
+        try:
+            result = self.handlers[job.kind](claim)
+        except Exception as e:
+            done.set()
+            log.error("job %d failed: %s", job.id, e)
+            self._report(lambda: self.client.fail(job.id, claim.lease_token, f"{type(e).__name__}: {e}\n"
+                                                  f"{traceback.format_exc(limit=5)}"))
+        else:
+            done.set()
+            self._report(lambda: self.client.complete(job.id, claim.lease_token, result))
+            log.info("job %d succeeded", job.id)
+        finally:
+            with self._lock:
+                self._active.pop(job.id, None)
+
+    def _report(self, call: Callable[[], Any]) -> None:
+        try:
+            call()
+        except LeaseLost as e:
+            log.warning("result refused: %s", e)
+        except RunStoreError as e:
+            log.error("could not report a result: %s", e)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .handlers import default_handlers
+
+    p = argparse.ArgumentParser(prog="python -m sprout.runstore.worker", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", default=os.environ.get("SPROUT_RUNSTORE_URL"), help="Run Store API URL")
+    p.add_argument("--token-file", type=Path, help="file holding a worker token (default $SPROUT_RUNSTORE_TOKEN)")
+    p.add_argument("--host-id", default=socket.gethostname(), help="this host's name for job affinity")
+    p.add_argument("--slots", type=int, default=1, help="jobs run at once (default 1)")
+    p.add_argument("--kinds", help="comma-separated job kinds to take (default: all this worker can run)")
+    p.add_argument("--lease", type=float, default=120.0, help="lease seconds, renewed by heartbeats")
+    p.add_argument("--drain-timeout", type=float, default=600.0, help="seconds to finish jobs on SIGTERM")
+    p.add_argument("--alive-file", type=Path, help="touched on every claim loop (for `services status`)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
+    token = args.token_file.read_text().strip() if args.token_file else os.environ.get("SPROUT_RUNSTORE_TOKEN")
+    if not args.url or not token:
+        print("error: no Run Store: pass --url and --token-file, or eval \"$(python -m sprout.services env)\"",
+              file=sys.stderr)
+        return 2
+    handlers = default_handlers()
+    if args.kinds:
+        wanted = set(args.kinds.split(","))
+        unknown = wanted - set(handlers)
+        if unknown:
+            print(f"error: this worker cannot run {', '.join(sorted(unknown))}", file=sys.stderr)
+            return 2
+        handlers = {k: v for k, v in handlers.items() if k in wanted}
+    worker = Worker(RunStoreClient(args.url, token), handlers, host=args.host_id, slots=args.slots,
+                    lease_s=args.lease, heartbeat_s=max(1.0, args.lease / 6), alive_file=args.alive_file)
+    signal.signal(signal.SIGTERM, worker.stop)
+    signal.signal(signal.SIGINT, worker.stop)
+    worker.run(drain_timeout_s=args.drain_timeout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

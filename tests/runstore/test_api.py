@@ -1,0 +1,297 @@
+"""The HTTP API and its client, against a live uvicorn on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from sprout.runstore import (
+    EventType,
+    Forbidden,
+    InvalidTransition,
+    JobNotFound,
+    JobState,
+    LeaseLost,
+    RunStoreError,
+    Unauthorized,
+    UnknownKind,
+)
+from sprout.runstore.api import create_app
+from sprout.runstore.auth import Scope, hash_token, new_token
+from sprout.runstore.client import RunStoreClient
+from sprout.runstore.store import RunStore
+
+GATE = {"task_dir": "tasks/t1"}
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class LiveApi:
+    url: str
+    tokens: dict[Scope, str]
+    store: RunStore
+
+    def client(self, scope: Scope, **kwargs: object) -> RunStoreClient:
+        return RunStoreClient(self.url, self.tokens[scope], **kwargs)  # type: ignore[arg-type]
+
+
+@contextmanager
+def serve(app: object) -> Iterator[str]:
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))  # type: ignore[arg-type]
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture
+def api(db_url: str) -> Iterator[LiveApi]:
+    tokens = {scope: new_token() for scope in Scope}
+    store = RunStore(db_url)
+    with serve(create_app(store, {hash_token(t): s.value for s, t in tokens.items()}, poll_s=0.1)) as url:
+        yield LiveApi(url, tokens, store)
+    store.close()
+
+
+SUBMITTER_ROUTES = [
+    ("POST", "/v1/jobs", {"kind": "gate", "payload": GATE}),
+    ("POST", "/v1/jobs/batch", {"jobs": [{"kind": "gate", "payload": GATE}]}),
+    ("GET", "/v1/jobs", None),
+    ("GET", "/v1/jobs/1", None),
+    ("POST", "/v1/jobs/1/cancel", None),
+    ("GET", "/v1/groups/g/events", None),
+]
+WORKER_ROUTES = [
+    ("POST", "/v1/claims", {"worker_id": "w", "host": "h"}),
+    ("POST", "/v1/jobs/1/heartbeat", {"lease_token": 1}),
+    ("POST", "/v1/jobs/1/complete", {"lease_token": 1}),
+    ("POST", "/v1/jobs/1/fail", {"lease_token": 1, "error": "e"}),
+    ("POST", "/v1/jobs/1/release", {"lease_token": 1}),
+]
+
+
+def test_health_and_docs_need_no_token(api: LiveApi) -> None:
+    health = httpx.get(f"{api.url}/health")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    assert health.json()["schema_version"] == 2
+    assert httpx.get(f"{api.url}/docs").status_code == 200
+    spec = httpx.get(f"{api.url}/openapi.json").json()
+    assert "/v1/claims" in spec["paths"] and "HTTPBearer" in spec["components"]["securitySchemes"]
+
+
+def test_tokens_and_scopes(api: LiveApi) -> None:
+    http = httpx.Client(base_url=api.url)
+
+    def status(method: str, path: str, body: object, token: str | None) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return http.request(method, path, json=body, headers=headers)
+
+    bogus = new_token()
+    for routes, right, wrong in (
+        (SUBMITTER_ROUTES, Scope.SUBMITTER, Scope.WORKER),
+        (WORKER_ROUTES, Scope.WORKER, Scope.SUBMITTER),
+    ):
+        for method, path, body in routes:
+            missing = status(method, path, body, None)
+            assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer", path
+            assert missing.json()["error"] == "Unauthorized"
+            unknown = status(method, path, body, bogus)
+            assert unknown.status_code == 401 and bogus not in unknown.text, path
+            forbidden = status(method, path, body, api.tokens[wrong])
+            assert forbidden.status_code == 403, path
+            assert api.tokens[wrong] not in forbidden.text
+            for scope in (right, Scope.ADMIN):
+                assert status(method, path, body, api.tokens[scope]).status_code not in (401, 403), (
+                    path,
+                    scope,
+                )
+    basic = http.get("/v1/jobs", headers={"Authorization": "Basic dXNlcjpwYXNz"})
+    assert basic.status_code == 401
+    http.close()
+
+
+def test_client_round_trip_and_typed_errors(api: LiveApi) -> None:
+    sub, work = api.client(Scope.SUBMITTER), api.client(Scope.WORKER)
+    job = sub.submit("grade", {"checkpoint_id": "c1", "task_dir": "t"}, group_id="g", priority=3)
+    assert job.state == JobState.QUEUED and job.idempotency_key  # the client adds one
+    again = sub.submit_many(
+        [{"kind": "grade", "payload": job.payload, "idempotency_key": job.idempotency_key}]
+    )
+    assert again[0].id == job.id
+    (claim,) = work.claim("w1", "h1", kinds=["grade"], lease_s=30)
+    assert claim.job.id == job.id and claim.lease_token == 1
+    assert work.heartbeat(job.id, claim.lease_token, extend_s=30).state == JobState.LEASED
+    done = work.complete(job.id, claim.lease_token, {"score": 0.5})
+    assert done.state == JobState.SUCCEEDED and done.result == {"score": 0.5}
+    assert sub.get(job.id) == done
+    assert [j.id for j in sub.list(group_id="g", state="succeeded").jobs] == [job.id]
+    assert [e.type for e in sub.events("g")] == [EventType.SUBMITTED, EventType.LEASED, EventType.SUCCEEDED]
+
+    with pytest.raises(LeaseLost, match="is over: the job is succeeded"):
+        work.fail(job.id, claim.lease_token, "late")
+    with pytest.raises(JobNotFound, match="job 999 not found"):
+        sub.get(999)
+    with pytest.raises(UnknownKind, match="unknown job kind 'nope'"):
+        sub.submit("nope", {})
+    with pytest.raises(InvalidTransition):
+        sub.cancel(job.id)
+    with pytest.raises(Forbidden, match="a worker token may not do submitter operations"):
+        work.submit("gate", GATE)
+    with pytest.raises(Unauthorized):
+        RunStoreClient(api.url, "wrong").get(job.id)
+
+    other = sub.submit("gate", GATE)
+    (claim,) = work.claim("w1", "h1")
+    assert work.release(other.id, claim.lease_token).state == JobState.QUEUED
+    (claim,) = work.claim("w1", "h1")
+    assert work.fail(other.id, claim.lease_token, "no", retry=False).state == JobState.FAILED
+
+
+def test_claim_long_poll(api: LiveApi) -> None:
+    sub, work = api.client(Scope.SUBMITTER), api.client(Scope.WORKER)
+    started = time.monotonic()
+    assert work.claim("w1", "h1", wait_s=0.5) == []
+    assert 0.45 <= time.monotonic() - started < 3
+
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(work.claim, "w1", "h1", wait_s=20)
+        time.sleep(0.3)
+        job = sub.submit("gate", GATE)
+        submitted = time.monotonic()
+        (claim,) = waiting.result(timeout=10)
+    assert claim.job.id == job.id
+    assert time.monotonic() - submitted < 1.0, "the long-poll was not woken by the submit"
+
+    # A job queued behind the API's back (another process) is found by polling.
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(work.claim, "w1", "h1", wait_s=20)
+        time.sleep(0.2)
+        direct = api.store.submit("gate", GATE)
+        (claim,) = waiting.result(timeout=10)
+    assert claim.job.id == direct.id
+
+
+def test_events_long_poll_and_stream(api: LiveApi) -> None:
+    sub, work = api.client(Scope.SUBMITTER), api.client(Scope.WORKER)
+    with ThreadPoolExecutor(2) as pool:
+        polled = pool.submit(sub.events, "g", 0, 1000, 20)
+
+        def follow() -> list[EventType]:
+            seen = []
+            for event in sub.stream_events("g"):
+                seen.append(event.type)
+                if event.type == EventType.SUCCEEDED:
+                    return seen
+            return seen
+
+        streamed = pool.submit(follow)
+        time.sleep(0.3)
+        job = sub.submit("gate", GATE, group_id="g")
+        assert [e.job_id for e in polled.result(timeout=10)] == [job.id]
+        (claim,) = work.claim("w1", "h1")
+        work.complete(job.id, claim.lease_token)
+        assert streamed.result(timeout=10) == [EventType.SUBMITTED, EventType.LEASED, EventType.SUCCEEDED]
+    events = sub.events("g")
+    resumed = sub.stream_events("g", after_seq=events[0].seq)  # resumes via Last-Event-ID
+    assert next(resumed) == events[1]
+    resumed.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(db_url: str, tokens_file: Path, port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "sprout.runstore.api", "--db", db_url, "--tokens", str(tokens_file)]
+        + ["--port", str(port), "--log-level", "warning"],
+        cwd=ROOT,
+    )
+
+
+def test_client_survives_api_restart(db_url: str, tmp_path: Path) -> None:
+    token = new_token()
+    tokens_file = tmp_path / "tokens.json"
+    tokens_file.write_text(json.dumps({hash_token(token): "admin"}))
+    port = free_port()
+    client = RunStoreClient(f"http://127.0.0.1:{port}", token, retry_for_s=30)
+    server = start_server(db_url, tokens_file, port)
+    try:
+        client.health()  # retried until the server is up
+        job = client.submit("gate", GATE)
+        server.terminate()
+        server.wait(10)
+        with ThreadPoolExecutor(1) as pool:
+            during = pool.submit(client.claim, "w1", "h1")  # the API is down: retried
+            time.sleep(1.0)
+            assert not during.done()
+            server = start_server(db_url, tokens_file, port)
+            (claim,) = during.result(timeout=30)
+        assert claim.job.id == job.id
+        assert client.complete(job.id, claim.lease_token).state == JobState.SUCCEEDED
+    finally:
+        server.terminate()
+        server.wait(10)
+        client.close()
+
+
+def test_serve_errors_are_one_line(tmp_path: Path) -> None:
+    tokens_file = tmp_path / "tokens.json"
+    tokens_file.write_text(json.dumps({hash_token(new_token()): "worker"}))
+    cases = [
+        (["--db", "mysql://u@h/db", "--tokens", str(tokens_file)], "error: unsupported database 'mysql'"),
+        (["--db", str(tmp_path / "s.db"), "--tokens", str(tmp_path / "nope.json")], "error: tokens file"),
+    ]
+    for args, message in cases:
+        done = subprocess.run(
+            [sys.executable, "-m", "sprout.runstore.api", *args],
+            check=False,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2
+        assert done.stderr.startswith(message) and "Traceback" not in done.stderr, done.stderr
+
+
+def test_client_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SPROUT_RUNSTORE_URL", raising=False)
+    monkeypatch.delenv("SPROUT_RUNSTORE_TOKEN", raising=False)
+    with pytest.raises(RunStoreError, match="set SPROUT_RUNSTORE_URL and SPROUT_RUNSTORE_TOKEN"):
+        RunStoreClient.from_env()
+    monkeypatch.setenv("SPROUT_RUNSTORE_URL", "http://127.0.0.1:1/")
+    monkeypatch.setenv("SPROUT_RUNSTORE_TOKEN", "t")
+    with RunStoreClient.from_env() as client:
+        assert client.url == "http://127.0.0.1:1"
+
+
+def test_client_gives_up_after_retry_window() -> None:
+    client = RunStoreClient(f"http://127.0.0.1:{free_port()}", "t", retry_for_s=0.3)
+    started = time.monotonic()
+    with pytest.raises(RunStoreError, match="cannot reach the Run Store"):
+        client.get(1)
+    assert time.monotonic() - started < 5
