@@ -140,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--alive-file", type=Path, help="touched on every claim loop (for `services status`)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
+    for noisy in ("LiteLLM", "httpx", "minisweagent"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     token = args.token_file.read_text().strip() if args.token_file else os.environ.get("SPROUT_RUNSTORE_TOKEN")
     if not args.url or not token:
         print("error: no Run Store: pass --url and --token-file, or eval \"$(python -m sprout.services env)\"",

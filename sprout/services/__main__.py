@@ -1,0 +1,211 @@
+"""python -m sprout.services: configure and run Sprout's background services.
+
+    setup                 guided: checks the host, asks for the model endpoint and its key variable,
+                          shows a diff and asks before changing any existing file
+    init                  the same files without questions (flags / environment for the values)
+    up SERVICE...         start services (runstore-api, runstore-worker) and wait until healthy
+    down [SERVICE...]     stop services (a worker drains: finishes or releases its jobs)
+    status                pid, port, health and uptime of each service
+    logs SERVICE          the service's log (-f to follow)
+    env                   `export SPROUT_RUNSTORE_URL=... SPROUT_RUNSTORE_TOKEN=...` for eval
+"""
+
+import argparse
+import difflib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from rich.table import Table
+
+from ..console import console, run_cli
+from ..sandbox.errors import SproutError
+from . import supervisor
+from .config import SCOPES, ServicesConfig, config_dir, load, render, token, write_secret
+
+REPO_RUNTIME = Path(__file__).resolve().parents[2] / "runtime" / "sprout-runtime"
+
+
+def _config_from(args, base: ServicesConfig) -> ServicesConfig:
+    values = base.model_dump()
+    for field, value in (("model_endpoint", args.model_endpoint), ("model_key_env", args.model_key_env),
+                         ("runstore_port", args.port), ("runstore_db", args.db), ("worker_slots", args.slots),
+                         ("runtime_bin", args.runtime_bin)):
+        if value not in (None, ""):
+            values[field] = value
+    return ServicesConfig(**values)
+
+
+def _defaults() -> ServicesConfig:
+    return ServicesConfig(model_endpoint=os.environ.get("SPROUT_MODEL_ENDPOINT") or os.environ.get("OPENAI_BASE_URL", ""),
+                          runtime_bin=str(REPO_RUNTIME) if REPO_RUNTIME.exists() else "")
+
+
+def _write_secrets(directory: Path) -> list[str]:
+    """API tokens: made once, kept afterwards (rotating them would lock out running workers)."""
+    from ..runstore.auth import hash_token, new_token
+
+    secrets = directory / "secrets"
+    lines = []
+    if all((secrets / f"{scope}.token").exists() for scope in SCOPES) and (secrets / "tokens.json").exists():
+        return [f"ok    {secrets}/ (tokens kept)"]
+    table = {}
+    for scope in SCOPES:
+        value = new_token()
+        write_secret(secrets / f"{scope}.token", value + "\n")
+        table[hash_token(value)] = scope
+    write_secret(secrets / "tokens.json", json.dumps(table, indent=2) + "\n")
+    lines.append(f"done  {secrets}/ ({', '.join(SCOPES)} tokens, mode 0600; the API stores only their hashes)")
+    return lines
+
+
+def _write_config(directory: Path, config: ServicesConfig, ask: bool, force: bool) -> str:
+    path = directory / "services.json"
+    new = render(config)
+    if path.exists():
+        old = path.read_text()
+        if old == new:
+            return f"ok    {path}"
+        diff = "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), str(path), f"{path} (new)"))
+        if ask:
+            console.print(diff, markup=False)
+            answer = input(f"replace {path}? [y/N] ").strip().lower()
+            if answer not in ("y", "yes"):
+                return f"skip  {path} (kept as it is)"
+        elif not force:
+            return f"skip  {path} differs from the flags; kept (pass --force to replace it)"
+    directory.mkdir(parents=True, exist_ok=True)
+    path.write_text(new)
+    return f"done  {path}"
+
+
+def _ask(question: str, default: str) -> str:
+    answer = input(f"{question} [{default}]: ").strip()
+    return answer or default
+
+
+def cmd_setup(args) -> int:
+    from ..worker.doctor import run_checks
+
+    directory = config_dir()
+    console.print("host checks (python -m sprout.worker doctor):")
+    checks = run_checks()
+    for check in checks:
+        console.print(f"  {'PASS' if check.ok else 'FAIL'}  {check.name:<12} {check.detail}", markup=False)
+    base = load(directory) if (directory / "services.json").exists() else _defaults()
+    endpoint = _ask("model endpoint (OpenAI-compatible base URL)", base.model_endpoint or "http://127.0.0.1:8000/v1")
+    key_env = _ask("name of the environment variable holding its API key", base.model_key_env)
+    port = int(_ask("Run Store API port", str(base.runstore_port)))
+    slots = int(_ask("worker slots (jobs at once on this host)", str(base.worker_slots)))
+    config = base.model_copy(update={"model_endpoint": endpoint, "model_key_env": key_env, "runstore_port": port,
+                                     "worker_slots": slots})
+    for line in [_write_config(directory, config, ask=True, force=False), *_write_secrets(directory)]:
+        console.print(line, markup=False)
+    if key_env not in os.environ:
+        console.print(f"note: {key_env} is not set in this shell; export it before `up runstore-worker`")
+    return 0 if all(c.ok for c in checks) else 1
+
+
+def cmd_init(args) -> int:
+    directory = config_dir()
+    base = load(directory) if (directory / "services.json").exists() else _defaults()
+    config = _config_from(args, base)
+    for line in [_write_config(directory, config, ask=False, force=args.force), *_write_secrets(directory)]:
+        console.print(line, markup=False)
+    return 0
+
+
+def _services(names: list[str]) -> list[str]:
+    names = names or list(supervisor.SERVICES)
+    unknown = [n for n in names if n not in supervisor.SERVICES]
+    if unknown:
+        raise SproutError(f"unknown service {', '.join(unknown)}; services: {', '.join(supervisor.SERVICES)}")
+    return names
+
+
+def cmd_up(args) -> int:
+    directory = config_dir()
+    config = load(directory)
+    for name in _services(args.services):
+        try:
+            console.print(supervisor.up(name, config, directory), markup=False)
+        except RuntimeError as e:
+            raise SproutError(str(e)) from None
+    return 0
+
+
+def cmd_down(args) -> int:
+    directory = config_dir()
+    for name in reversed(_services(args.services)):
+        console.print(supervisor.down(name, directory), markup=False)
+    return 0
+
+
+def cmd_status(args) -> int:
+    directory = config_dir()
+    config = load(directory)
+    table = Table("service", "pid", "port", "health", "uptime", "detail")
+    statuses = [supervisor.status(name, config, directory) for name in supervisor.SERVICES]
+    for s in statuses:
+        table.add_row(s.name, str(s.pid or "-"), str(s.port or "-"),
+                      "[green]healthy[/green]" if s.healthy else ("[red]down[/red]" if s.pid is None else "[yellow]unhealthy[/yellow]"),
+                      "-" if s.uptime_s is None else f"{s.uptime_s:.0f}s", s.detail)
+    console.print(table)
+    return 0 if all(s.healthy for s in statuses if s.pid) else 1
+
+
+def cmd_logs(args) -> int:
+    path = config_dir() / "logs" / f"{_services([args.service])[0]}.log"
+    if not path.exists():
+        raise SproutError(f"no log yet at {path}")
+    return subprocess.call(["tail", "-n", str(args.lines), *(["-f"] if args.follow else []), str(path)])
+
+
+def cmd_env(args) -> int:
+    directory = config_dir()
+    config = load(directory)
+    print(f"export SPROUT_RUNSTORE_URL={config.url} SPROUT_RUNSTORE_TOKEN={token('submitter', directory)}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sprout.services", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("setup", help="guided configuration").set_defaults(func=cmd_setup)
+    s = sub.add_parser("init", help="write the configuration without questions")
+    s.add_argument("--model-endpoint", help="OpenAI-compatible base URL (default $SPROUT_MODEL_ENDPOINT or $OPENAI_BASE_URL)")
+    s.add_argument("--model-key-env", help="name of the variable holding the model key (default SPROUT_MODEL_API_KEY)")
+    s.add_argument("--port", type=int, help="Run Store API port (default 8470)")
+    s.add_argument("--db", help="Run Store database URL (default: SQLite in the config dir)")
+    s.add_argument("--slots", type=int, help="worker slots (default 2)")
+    s.add_argument("--runtime-bin", help="sprout-runtime for the worker's sandboxes")
+    s.add_argument("--force", action="store_true", help="replace an existing services.json that differs")
+    s.set_defaults(func=cmd_init)
+    for name, func, text in (("up", cmd_up, "start services and wait until healthy"),
+                             ("down", cmd_down, "stop services")):
+        s = sub.add_parser(name, help=text)
+        s.add_argument("services", nargs="*", metavar="SERVICE", help=", ".join(supervisor.SERVICES))
+        s.set_defaults(func=func)
+    sub.add_parser("status", help="pid, port, health, uptime").set_defaults(func=cmd_status)
+    s = sub.add_parser("logs", help="a service's log")
+    s.add_argument("service")
+    s.add_argument("-n", "--lines", type=int, default=50)
+    s.add_argument("-f", "--follow", action="store_true")
+    s.set_defaults(func=cmd_logs)
+    sub.add_parser("env", help="print the exports that point clients at the Run Store").set_defaults(func=cmd_env)
+    s = sub.add_parser("_supervise")  # internal: what `up` starts
+    s.add_argument("service")
+    s.set_defaults(func=lambda a: supervisor.supervise(a.service))
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    run_cli(main)

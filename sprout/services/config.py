@@ -1,0 +1,64 @@
+"""The files `services setup` and `init` write under ~/.config/sprout (SPROUT_CONFIG_DIR overrides).
+
+    services.json            Run Store address and database, worker slots, model endpoint and key *name*
+    secrets/tokens.json      hashed API tokens with their scopes (0600)
+    secrets/{admin,worker,submitter}.token   the tokens themselves (0600)
+    run/<service>.json, logs/<service>.log   pid files and logs of running services
+"""
+
+import json
+import os
+import socket
+from pathlib import Path
+
+from pydantic import BaseModel
+
+SECRET_MODE = 0o600
+SCOPES = ("admin", "worker", "submitter")
+
+
+def config_dir() -> Path:
+    return Path(os.environ.get("SPROUT_CONFIG_DIR", Path.home() / ".config" / "sprout")).expanduser()
+
+
+class ServicesConfig(BaseModel):
+    runstore_host: str = "127.0.0.1"
+    runstore_port: int = 8470
+    runstore_db: str = ""  # default: sqlite file in the config dir
+    worker_slots: int = 2
+    worker_host_id: str = socket.gethostname()
+    model_endpoint: str = ""
+    model_key_env: str = "SPROUT_MODEL_API_KEY"
+    runtime_bin: str = ""
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.runstore_host}:{self.runstore_port}"
+
+    def db_url(self, directory: Path) -> str:
+        return self.runstore_db or f"sqlite:///{directory / 'runstore.db'}"
+
+
+def load(directory: Path | None = None) -> ServicesConfig:
+    path = (directory or config_dir()) / "services.json"
+    if not path.exists():
+        from ..sandbox.errors import SproutError
+
+        raise SproutError(f"no services config at {path}: run `python -m sprout.services init` (or `setup`)")
+    return ServicesConfig.model_validate_json(path.read_text())
+
+
+def render(config: ServicesConfig) -> str:
+    return json.dumps(config.model_dump(), indent=2) + "\n"
+
+
+def token(scope: str, directory: Path | None = None) -> str:
+    return ((directory or config_dir()) / "secrets" / f"{scope}.token").read_text().strip()
+
+
+def write_secret(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, SECRET_MODE)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(path.with_suffix(".tmp"), path)

@@ -1,0 +1,92 @@
+"""`python -m sprout.services`: init/setup files, up/status/env/down, and a job through the API and worker."""
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sprout.agent.journal import read_journal
+from sprout.runstore.client import RunStoreClient
+from sprout.sandbox import Store
+from sprout.testing.scripted_model import ScriptedModelServer
+from tests.conftest import REPO
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def services(config_dir: Path, *args: str, stdin: str | None = None, env: dict | None = None):
+    return subprocess.run([sys.executable, "-m", "sprout.services", *args], cwd=REPO, input=stdin, text=True,
+                          capture_output=True, timeout=120,
+                          env={**os.environ, "SPROUT_CONFIG_DIR": str(config_dir), **(env or {})})
+
+
+def test_init_then_setup_with_scripted_answers(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    flags = ["--model-endpoint", "http://127.0.0.1:9999/v1", "--model-key-env", "MY_KEY", "--port", "18471",
+             "--slots", "3"]
+    assert services(a, "init", *flags).returncode == 0
+    answers = "http://127.0.0.1:9999/v1\nMY_KEY\n18471\n3\n"
+    setup = services(b, "setup", stdin=answers)
+    assert "host checks" in setup.stdout
+    assert json.loads((a / "services.json").read_text()) == json.loads((b / "services.json").read_text())
+    for scope in ("admin", "worker", "submitter"):
+        assert stat.S_IMODE((b / "secrets" / f"{scope}.token").stat().st_mode) == 0o600
+    assert stat.S_IMODE((b / "secrets" / "tokens.json").stat().st_mode) == 0o600
+    token = (b / "secrets" / "submitter.token").read_text().strip()
+    assert token not in (b / "secrets" / "tokens.json").read_text()  # stored hashed
+    before = (b / "services.json").read_text()
+    again = services(b, "setup", stdin="http://elsewhere:1/v1\nOTHER\n18471\n3\nn\n")
+    assert "replace" in again.stdout and "---" in again.stdout  # showed a diff and asked
+    assert (b / "services.json").read_text() == before
+    assert "kept" in again.stdout
+    init_again = services(a, "init", "--port", "18472")
+    assert "differs" in init_again.stdout and json.loads((a / "services.json").read_text())["runstore_port"] == 18471
+
+
+def test_up_status_env_rollout_job_down(tmp_path):
+    config = tmp_path / "cfg"
+    port = free_port()
+    script = [{"thought": "hi", "command": "echo hello > /tmp/x && cat /tmp/x"},
+              {"thought": "done", "command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}]
+    with ScriptedModelServer(script, api_key="sk-test") as model:  # 401 unless the worker passes the key
+        assert services(config, "init", "--port", str(port), "--model-endpoint", model.base_url).returncode == 0
+        env = {"SPROUT_MODEL_API_KEY": "sk-test"}
+        up = services(config, "up", "runstore-api", "runstore-worker", env=env)
+        try:
+            assert up.returncode == 0, up.stdout + up.stderr
+            assert "runstore-api up" in up.stdout and "runstore-worker up" in up.stdout
+            assert "already up" in services(config, "up", "runstore-api", env=env).stdout
+            status = services(config, "status")
+            assert status.returncode == 0 and status.stdout.count("healthy") == 2 and str(port) in status.stdout
+            exports = services(config, "env").stdout.strip()
+            assert exports.startswith("export SPROUT_RUNSTORE_URL=http://127.0.0.1:")
+            url = exports.split("SPROUT_RUNSTORE_URL=")[1].split()[0]
+            token = exports.split("SPROUT_RUNSTORE_TOKEN=")[1].strip()
+            client = RunStoreClient(url, token)
+            journal = tmp_path / "job.jsonl"
+            job = client.submit("rollout", {"task": "say hello", "model": "scripted",
+                                            "options": {"endpoint": model.base_url, "journal": str(journal)}})
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and client.get(job.id).state not in ("succeeded", "failed"):
+                time.sleep(0.5)
+            done = client.get(job.id)
+            assert done.state == "succeeded", done.error
+            assert done.result["outcome"]["status"] == "submitted" and done.result["journal"] == str(journal)
+            assert "hello" in read_journal(journal).turns[0].observation
+        finally:
+            down = services(config, "down")
+        assert "stopped" in down.stdout
+        assert services(config, "status").stdout.count("not running") == 2
+    store = Store()
+    for turn in read_journal(journal).turns:
+        store.remove_checkpoint(turn.checkpoint, force=True)
