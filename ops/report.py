@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.table import Table
 
 from sprout.agent.journal import Journal, read_journal
-from sprout.console import console, errors, human_bytes, run_cli
+from sprout.console import console, errors, human_bytes, run_parser
 from sprout.sandbox import Store
 from sprout.sandbox.errors import SproutError
 
@@ -127,10 +127,5 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
-    return args.func(args)
-
-
 if __name__ == "__main__":
-    run_cli(main)
+    run_parser(parser)

@@ -1,5 +1,6 @@
 """What every Sprout command line shares: one clear error line and a non-zero exit, never a traceback."""
 
+import argparse
 import sys
 from collections.abc import Callable
 
@@ -22,6 +23,16 @@ def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = No
         errors.print("interrupted")
         code = 130
     sys.exit(code or 0)
+
+
+def run_parser(build: Callable[[], argparse.ArgumentParser], argv: list[str] | None = None) -> None:
+    """`run_cli` for a parser whose subcommands set `func(args) -> exit code`."""
+
+    def main(args: list[str]) -> int | None:
+        parsed = build().parse_args(args)
+        return parsed.func(parsed)
+
+    run_cli(main, argv)
 
 
 def human_bytes(n: int | None) -> str:

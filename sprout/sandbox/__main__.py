@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from ..console import console, human_bytes, run_cli
+from ..console import console, human_bytes, run_parser
 from . import images
 from .errors import SproutError
 from .store import Store
@@ -214,10 +214,5 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
-    return args.func(args)
-
-
 if __name__ == "__main__":
-    run_cli(main)
+    run_parser(parser)

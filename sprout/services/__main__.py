@@ -20,7 +20,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from ..console import console, run_cli
+from ..console import console, run_parser
 from ..sandbox.errors import SproutError
 from . import supervisor
 from .config import SCOPES, ServicesConfig, config_dir, load, render, token, write_secret
@@ -202,10 +202,5 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
-    return args.func(args)
-
-
 if __name__ == "__main__":
-    run_cli(main)
+    run_parser(parser)

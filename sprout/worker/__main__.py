@@ -5,7 +5,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..console import console, run_cli
+from ..console import console, run_parser
 from . import doctor
 
 
@@ -38,10 +38,5 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
-    return args.func(args)
-
-
 if __name__ == "__main__":
-    run_cli(main)
+    run_parser(parser)
