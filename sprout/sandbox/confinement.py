@@ -102,6 +102,7 @@ def capture(container_id: str) -> dict:
         "caps": {key: int(status[f"Cap{name}"], 16) for key, name in
                  (("bnd", "Bnd"), ("eff", "Eff"), ("prm", "Prm"), ("inh", "Inh"), ("amb", "Amb"))},
         "no_new_privs": status.get("NoNewPrivs") == "1",
+        "umask": int(status.get("Umask", "0022"), 8),
         "seccomp": dump_seccomp(pid) if status.get("Seccomp") == "2" else [],
         "env": env,
         "rlimits": read_rlimits(pid),

@@ -6,7 +6,7 @@ command, so it imports nothing but the standard library and nothing from Sprout.
 How a command is entered (see notes/host-sandbox.md for why each step exists):
   parent: setns(pid) so that the child is born in the container's PID namespace, fork, wait
   child:  setsid, join every cgroup of the container (memory/pids limits hold), setns into
-          ipc/uts/net/mnt, chdir (resolved inside the sandbox), the container's rlimits, drop the
+          ipc/uts/net/mnt, chdir (resolved inside the sandbox), the container's umask and rlimits, drop the
           capability bounding set, load the container's own seccomp filter (dumped from its init
           process when the sandbox started), become the image's user with the container's
           capability sets, no_new_privs, then execve with an explicit environment.
@@ -104,6 +104,7 @@ def _enter_and_exec(profile: dict, ns_fds: dict, cwd: str, env: dict, argv: list
         os.chdir(cwd)
     except OSError as e:
         raise RuntimeFailure(f"cannot change directory to {cwd!r} inside the sandbox: {e.strerror}") from None
+    os.umask(profile["umask"])
     for res, soft, hard in profile["rlimits"]:
         resource.setrlimit(res, (soft, hard))
     caps = profile["caps"]

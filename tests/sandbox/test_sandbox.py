@@ -83,7 +83,8 @@ def test_confinement_matches_podman_exec(base_store, tmp_path):
     slow = Store(base_store.root, runtime_bin=None)
     sb = fast.create_sandbox(DEBIAN_IMAGE)
     try:
-        probe = "grep -E '^(Cap|NoNewPrivs|Seccomp)' /proc/self/status; cat /proc/self/cgroup | sort"
+        probe = ("grep -E '^(Cap|NoNewPrivs|Seccomp|Umask|Uid|Gid|Groups)' /proc/self/status; "
+                 "cat /proc/self/cgroup | sort; cat /proc/self/limits")
         via_runtime = sb.exec(probe).output
         via_podman = slow.sandbox(sb.id).exec(probe).output
         assert via_runtime == via_podman
