@@ -86,10 +86,14 @@ def _drain(proc: subprocess.Popen, limit: int, deadline: float | None) -> tuple[
 
 
 def run_via_runtime(runtime_bin: Path, profile: Path, argv: list[str], cwd: str, env: dict[str, str],
-                    timeout: float | None, max_output: int) -> ExecResult:
+                    timeout: float | None, max_output: int, user: tuple[int, int, list[int]] | None = None
+                    ) -> ExecResult:
     started = time.monotonic()
     status_r, status_w = os.pipe()
     cmd = [str(runtime_bin), "exec", "--profile", str(profile), "--cwd", cwd, "--status-fd", str(status_w)]
+    if user is not None:
+        uid, gid, groups = user
+        cmd += ["--user", f"{uid}:{gid}:{','.join(map(str, groups))}"]
     for key, value in env.items():
         cmd += ["--env", f"{key}={value}"]
     if timeout is not None:

@@ -6,6 +6,7 @@ orphan subvolume without a row (never listed, removed by gc), never a row that l
 
 import json
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,7 +21,7 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     container TEXT NOT NULL, limits TEXT NOT NULL, label TEXT, created REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS checkpoints (
     id TEXT PRIMARY KEY, sandbox_id TEXT NOT NULL, image_key TEXT NOT NULL, parent TEXT,
-    label TEXT, created REAL NOT NULL, duration_ms REAL);
+    label TEXT, created REAL NOT NULL, duration_ms REAL, limits TEXT);
 CREATE INDEX IF NOT EXISTS checkpoints_parent ON checkpoints(parent);
 CREATE INDEX IF NOT EXISTS sandboxes_base ON sandboxes(base_checkpoint);
 """
@@ -34,22 +35,29 @@ class Metadata:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(checkpoints)")}
+        if "limits" not in columns:  # stores made before checkpoints kept their sandbox's limits
+            self._db.execute("ALTER TABLE checkpoints ADD COLUMN limits TEXT")
+        self._lock = threading.RLock()  # one connection, shared by the threads of a process
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
 
     def one(self, sql: str, *args) -> sqlite3.Row | None:
-        return self._db.execute(sql, args).fetchone()
+        with self._lock:
+            return self._db.execute(sql, args).fetchone()
 
     def all(self, sql: str, *args) -> list[sqlite3.Row]:
-        return self._db.execute(sql, args).fetchall()
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
 
     def execute(self, sql: str, *args) -> None:
         with self.transaction() as db:
@@ -65,10 +73,10 @@ class Metadata:
                      base_checkpoint, container, json.dumps(limits), label, time.time())
 
     def put_checkpoint(self, checkpoint_id: str, sandbox_id: str, image_key: str, parent: str | None,
-                       label: str | None, created: float, duration_ms: float) -> None:
+                       label: str | None, created: float, duration_ms: float, limits: dict) -> None:
         with self.transaction() as db:
-            db.execute("INSERT INTO checkpoints VALUES (?, ?, ?, ?, ?, ?, ?)", (
-                checkpoint_id, sandbox_id, image_key, parent, label, created, duration_ms))
+            db.execute("INSERT INTO checkpoints VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (
+                checkpoint_id, sandbox_id, image_key, parent, label, created, duration_ms, json.dumps(limits)))
             db.execute("UPDATE sandboxes SET last_checkpoint = ? WHERE id = ?", (checkpoint_id, sandbox_id))
 
     def close(self) -> None:

@@ -171,6 +171,17 @@ def kill_session(sid: int) -> int:
     return len(killed)
 
 
+def as_user(profile: dict, user: str) -> dict:
+    """The profile for another user ("UID:GID[:G1,G2...]"), with the capability sets podman exec gives
+    it: the container's set for root, none for anyone else."""
+    uid, gid, *rest = user.split(":")
+    groups = [int(g) for g in rest[0].split(",") if g] if rest else []
+    bnd = profile["caps"]["bnd"]
+    caps = {"bnd": bnd, "eff": bnd, "prm": bnd, "inh": 0, "amb": 0} if int(uid) == 0 else dict.fromkeys(
+        ("eff", "prm", "inh", "amb"), 0) | {"bnd": bnd}
+    return profile | {"uid": int(uid), "gid": int(gid), "groups": groups, "caps": caps}
+
+
 def run(profile: dict, cwd: str, extra_env: dict, argv: list[str], timeout: float | None,
         status_fd: int | None) -> int:
     pid = profile["init_pid"]
@@ -227,7 +238,7 @@ def run(profile: dict, cwd: str, extra_env: dict, argv: list[str], timeout: floa
 
 
 USAGE = """usage: sprout-runtime exec --profile FILE [--cwd DIR] [--env K=V]... [--timeout S]
-                      [--status-fd N] -- COMMAND [ARG]...
+                      [--user UID:GID[:GROUPS]] [--status-fd N] -- COMMAND [ARG]...
 
 Runs COMMAND inside a running Sprout sandbox, confined like `podman exec`: the sandbox's cgroups,
 namespaces, capability sets, seccomp filter, user and image environment (never this shell's).
@@ -239,7 +250,7 @@ Exit status: the command's; 124 on timeout (its whole process tree is killed); 1
 def parse_args(args: list[str]) -> tuple[dict, list[str]]:
     if not args or args[0] in ("-h", "--help") or args[0] != "exec":
         raise SystemExit(USAGE if args and args[0] in ("-h", "--help") else "sprout-runtime: " + USAGE)
-    opts: dict = {"env": {}, "cwd": "/", "timeout": None, "status_fd": None, "profile": None}
+    opts: dict = {"env": {}, "cwd": "/", "timeout": None, "status_fd": None, "profile": None, "user": None}
     i = 1
     while i < len(args) and args[i] != "--":
         flag = args[i]
@@ -261,6 +272,8 @@ def parse_args(args: list[str]) -> tuple[dict, list[str]]:
             opts["status_fd"] = int(value)
         elif flag == "--profile":
             opts["profile"] = value
+        elif flag == "--user":
+            opts["user"] = value
         else:
             raise SystemExit(f"sprout-runtime: unknown option {flag}\n" + USAGE)
         i += 2
@@ -280,6 +293,8 @@ def main(args: list[str]) -> int:
     except OSError as e:
         sys.stderr.write(f"sprout-runtime: cannot read exec profile {opts['profile']}: {e.strerror}\n")
         return EXIT_RUNTIME_ERROR
+    if opts["user"]:
+        profile = as_user(profile, opts["user"])
     try:
         return run(profile, opts["cwd"], opts["env"], argv, opts["timeout"], opts["status_fd"])
     except RuntimeFailure as e:

@@ -95,5 +95,5 @@ def ship(src: Store, dst: Store, checkpoint_id: str) -> ShipReport:
                 raise
     shipped.append(checkpoint.id)
     dst.meta.put_checkpoint(checkpoint.id, checkpoint.sandbox_id, checkpoint.image_key, checkpoint.parent,
-                            checkpoint.label, checkpoint.created, checkpoint.duration_ms or 0.0)
+                            checkpoint.label, checkpoint.created, checkpoint.duration_ms or 0.0, checkpoint.limits)
     return ShipReport(checkpoint.id, shipped, parent, sent, time.monotonic() - started)

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import btrfs, confinement, execution, podman, shell
+from . import btrfs, confinement, execution, podman, shell, users
 from .errors import (CheckpointNotFound, ImageNotFound, InUseError, SandboxNotFound, SandboxStateError,
                      StoreError)
 from .execution import DEFAULT_MAX_OUTPUT, ExecResult
@@ -69,6 +69,7 @@ class Checkpoint:
     label: str | None
     created: float
     duration_ms: float | None
+    limits: dict = field(default_factory=lambda: dict(DEFAULT_LIMITS))  # of the sandbox it was taken of
 
     @property
     def path(self) -> Path:
@@ -128,8 +129,10 @@ class Sandbox:
         return "running" if self.running else "stopped"
 
     def exec(self, command: str | list[str], *, cwd: str | None = None, env: dict[str, str] | None = None,
-             timeout: float | None = None, max_output: int = DEFAULT_MAX_OUTPUT) -> ExecResult:
-        """Runs a command (a string goes to `bash -c`) in a fresh process inside the sandbox."""
+             timeout: float | None = None, user: str | int | None = None,
+             max_output: int = DEFAULT_MAX_OUTPUT) -> ExecResult:
+        """Runs a command (a string goes to `bash -c`) in a fresh process inside the sandbox, as the
+        image's user unless `user` (a name or uid, optionally `:group`) says otherwise."""
         profile = self._profile()
         if profile is None:
             raise SandboxStateError(f"sandbox {self.id} is not running (start it: "
@@ -139,10 +142,11 @@ class Sandbox:
         cwd = cwd or config.workdir or "/"
         env = dict(env or {})
         if self.store.runtime_bin is not None:
+            identity = users.resolve(self.path, user) if user is not None else None
             return execution.run_via_runtime(self.store.runtime_bin, self.profile_path, argv, cwd, env,
-                                             timeout, max_output)
-        return execution.run_via_podman(self.container, profile["cgroup_procs"], argv, cwd, config.user,
-                                        env, timeout, max_output)
+                                             timeout, max_output, identity)
+        return execution.run_via_podman(self.container, profile["cgroup_procs"], argv, cwd,
+                                        str(user) if user is not None else config.user, env, timeout, max_output)
 
     def checkpoint(self, label: str | None = None) -> Checkpoint:
         """A read-only, consistent snapshot of the sandbox's filesystem (flushed first)."""
@@ -154,10 +158,10 @@ class Sandbox:
         parent = self.last_checkpoint or self.base_checkpoint
         created = time.time()
         self.store.meta.put_checkpoint(checkpoint_id, self.id, self.image_key, parent, label, created,
-                                       duration_ms)
+                                       duration_ms, self.limits)
         self.last_checkpoint = checkpoint_id
         return Checkpoint(self.store, checkpoint_id, self.id, self.image_key, parent, label, created,
-                          duration_ms)
+                          duration_ms, dict(self.limits))
 
     def start(self) -> None:
         """(Re)starts the sandbox's container on its subvolume, e.g. after a host restart."""
@@ -229,6 +233,16 @@ class Store:
         return Image(self, row["key"], row["image_id"], json.loads(row["names"]),
                      ImageConfig(**json.loads(row["config"])))
 
+    def remove_image(self, key: str) -> None:
+        """Deletes an image's subvolume and record; refused while a sandbox or checkpoint uses it."""
+        image = self.image(key)
+        row = self.meta.one("SELECT (SELECT COUNT(*) FROM sandboxes WHERE image_key = ?) + "
+                            "(SELECT COUNT(*) FROM checkpoints WHERE image_key = ?) AS n", image.key, image.key)
+        if row["n"]:
+            raise InUseError(f"image {image.key} is used by {row['n']} sandbox(es)/checkpoint(s)")
+        btrfs.delete(image.path)
+        self.meta.execute("DELETE FROM images WHERE key = ?", image.key)
+
     def images(self) -> list[Image]:
         return [self.image(row["key"]) for row in self.meta.all("SELECT key FROM images ORDER BY created")]
 
@@ -246,7 +260,7 @@ class Store:
         """A writable snapshot of the image (or of a checkpoint), started as a podman container."""
         if isinstance(image, str):
             image = self.resolve_image(image)
-        inherited = self._limits_of(from_checkpoint) if from_checkpoint else DEFAULT_LIMITS
+        inherited = from_checkpoint.limits if from_checkpoint else DEFAULT_LIMITS
         asked = {"memory": memory, "pids": pids, "cpus": cpus, "network": network}
         limits = inherited | {k: v for k, v in asked.items() if v is not None}
         sandbox_id = _new_id("sb")
@@ -265,10 +279,6 @@ class Store:
             raise
         self.meta.put_sandbox(sandbox_id, image.key, sandbox.base_checkpoint, sandbox.container, limits, label)
         return sandbox
-
-    def _limits_of(self, checkpoint: Checkpoint) -> dict:
-        row = self.meta.one("SELECT limits FROM sandboxes WHERE id = ?", checkpoint.sandbox_id)
-        return json.loads(row["limits"]) if row else dict(DEFAULT_LIMITS)
 
     def _start_container(self, sandbox: Sandbox) -> None:
         config = self.image(sandbox.image_key).config
@@ -308,7 +318,8 @@ class Store:
         if row is None:
             raise CheckpointNotFound(f"no checkpoint {checkpoint_id!r} in the store at {self.root}")
         return Checkpoint(self, row["id"], row["sandbox_id"], row["image_key"], row["parent"], row["label"],
-                          row["created"], row["duration_ms"])
+                          row["created"], row["duration_ms"],
+                          json.loads(row["limits"]) if row["limits"] else dict(DEFAULT_LIMITS))
 
     def checkpoints(self, sandbox_id: str | None = None) -> list[Checkpoint]:
         sql = "SELECT id FROM checkpoints" + (" WHERE sandbox_id = ?" if sandbox_id else "") + " ORDER BY created"
@@ -371,8 +382,7 @@ class Store:
                 if image.key not in used and image.image_id.removeprefix("sha256:") not in podman_ids:
                     removed.append(f"image {image.key}")
                     if not dry_run:
-                        btrfs.delete(image.path)
-                        self.meta.execute("DELETE FROM images WHERE key = ?", image.key)
+                        self.remove_image(image.key)
         return removed
 
 

@@ -208,3 +208,44 @@ def test_image_config_is_applied(store, tmp_path):
     sb = store.create_sandbox(image)
     result = sb.exec("id -un; pwd; echo $GREETING; grep CapEff /proc/self/status")
     assert result.output.split("\n")[:4] == ["agent", "/work", "hello", "CapEff:\t0000000000000000"]
+    as_root = sb.exec("id -un; grep CapEff /proc/self/status; touch /etc/only-root", user="root")
+    assert as_root.output.split("\n")[:2] == ["root", "CapEff:\t00000000800405fb"] and as_root.exit_code == 0
+    assert sb.exec("id -u; id -g", user="1000:0").output.split() == ["1000", "0"]
+
+
+def test_a_command_as_another_user_is_confined_like_podman_exec(base_store):
+    from tests.conftest import RUNTIME_BIN
+
+    fast = Store(base_store.root, runtime_bin=RUNTIME_BIN)
+    sb = fast.create_sandbox(DEBIAN_IMAGE)
+    try:
+        sb.exec("useradd -m -G users someone")
+        probe = "grep -E '^(Cap|NoNewPrivs|Seccomp|Uid|Gid|Groups)' /proc/self/status"
+        for user in ("someone", "root", "nobody"):
+            via_runtime = sb.exec(probe, user=user).output
+            via_podman = Store(base_store.root, runtime_bin=None).sandbox(sb.id).exec(probe, user=user).output
+            assert via_runtime == via_podman, user
+    finally:
+        sb.destroy()
+
+
+def test_a_branch_keeps_the_limits_of_its_sandbox_after_that_sandbox_is_gone(store):
+    sb = store.create_sandbox(DEBIAN_IMAGE, network=False, memory="256m")
+    cp = sb.checkpoint()
+    sb.destroy()
+    branch = store.checkpoint(cp.id).branch()
+    assert branch.limits["network"] is False and branch.limits["memory"] == "256m"
+    assert "eth0" not in branch.exec("cat /proc/net/dev").output
+    branch.destroy()
+    cp.delete()
+
+
+def test_threads_share_a_store(store):
+    from concurrent.futures import ThreadPoolExecutor
+
+    sb = store.create_sandbox(DEBIAN_IMAGE)
+    with ThreadPoolExecutor(4) as pool:
+        checkpoints = list(pool.map(lambda i: sb.checkpoint(label=f"t{i}"), range(8)))
+    assert len({c.id for c in checkpoints}) == 8 and all(store.checkpoint(c.id).exists for c in checkpoints)
+    for checkpoint in checkpoints:
+        checkpoint.delete()
