@@ -1,0 +1,305 @@
+"""python -m sprout.eval.gate: a dataset's sanity gate. For every task, the reference solution
+(oracle) must score 1 and doing nothing (nop) must score 0, each graded in a branch of its
+final checkpoint by Harbor's own verifier.
+
+    python -m sprout.eval.gate --tasks-dir DIR --output runs/gate --workers 8 [--tasks a,b] [--no-build-cache]
+
+runs/gate/<task>/ holds gate.log, build.log, oracle/ and nop/ (Harbor's trial layout: agent/oracle.txt,
+verifier/test-stdout.txt, verifier/reward.*) and result.json; runs/gate/summary.json holds them all.
+"""
+
+import argparse
+import asyncio
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from datetime import datetime, timezone
+from pathlib import Path
+
+from harbor.agents.oracle import OracleAgent
+from harbor.models.agent.context import AgentContext
+from harbor.models.task.task import Task
+from harbor.models.trial.paths import TrialPaths
+from pydantic import BaseModel
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ..console import console, run_cli
+from ..sandbox import SproutError, Store
+from ..tasks import (CommandTimeoutError, GradeResult, SproutEnvironment, ensure_image, grade_async, load_tasks,
+                     task_name)
+from ..tasks.grade import Verdict
+
+DEFAULT_AGENT_TIMEOUT_S = 900.0  # for tasks without [agent].timeout_sec (Harbor's default: no limit)
+
+
+class Attempt(BaseModel):
+    """One side of the gate: oracle (solve.sh ran) or nop (nothing ran), then graded."""
+
+    grade: GradeResult | None = None
+    agent_note: str | None = None  # the oracle timed out or exited non-zero (it is graded anyway, as in Harbor)
+    error: str | None = None  # the attempt could not be made or graded
+    duration_s: float = 0.0
+
+
+class TaskGate(BaseModel):
+    task: str
+    verdict: Verdict
+    reason: str | None = None
+    oracle: Attempt | None = None
+    nop: Attempt | None = None
+    image: str | None = None
+    duration_s: float = 0.0
+    log_dir: str
+
+
+class GateSummary(BaseModel):
+    tasks_dir: str
+    workers: int
+    started_at: str
+    wall_s: float
+    passed: int
+    failed: int
+    errors: int
+    results: list[TaskGate]
+
+
+def _task_logger(name: str, path: Path) -> tuple[logging.Logger, logging.Handler]:
+    """A logger for one task's gate.log; Harbor's environment and verifier log through its children."""
+    logger = logging.getLogger(f"sprout.gate.{name}")
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    return logger, handler
+
+
+async def _run_oracle(env: SproutEnvironment, task: Task, paths: TrialPaths, logger: logging.Logger) -> str | None:
+    """Harbor's OracleAgent as Trial runs it (as [agent].user, cut off at the agent timeout); a note or None."""
+    timeout = task.config.agent.timeout_sec or DEFAULT_AGENT_TIMEOUT_S
+    agent = OracleAgent(logs_dir=paths.agent_dir, task_dir=task.task_dir, trial_paths=paths,
+                        agent_timeout_sec=timeout, logger=logger)
+    try:
+        with env.with_default_user(task.config.agent.user):
+            await asyncio.wait_for(agent.run(task.instruction, env, AgentContext()), timeout)
+    except (asyncio.TimeoutError, CommandTimeoutError):
+        return f"solve.sh timed out after {timeout:g}s ([agent].timeout_sec)"
+    exit_code = paths.agent_dir / "exit-code.txt"
+    return f"solve.sh exited with {exit_code.read_text().strip()}" if exit_code.exists() else None
+
+
+async def _attempt(store: Store, task: Task, kind: str, log_dir: Path, logger: logging.Logger) -> Attempt:
+    """A fresh sandbox from the task's image; the oracle runs there (or nothing does); checkpoint; grade."""
+    started = time.monotonic()
+    paths = TrialPaths(log_dir / kind)
+    paths.mkdir()
+    env = SproutEnvironment.for_task(task, paths, store=store, session_id=f"{task_name(task)}__{kind}",
+                                     logger=logger)
+    note = None
+    try:
+        await env.start(force_build=False)
+        logger.info(f"{kind}: sandbox {env.sandbox.id}")
+        await env.run_healthcheck()
+        if kind == "oracle":
+            note = await _run_oracle(env, task, paths, logger)
+            logger.info(f"oracle: {note or 'solve.sh finished'}")
+        checkpoint = await asyncio.to_thread(env.sandbox.checkpoint, label=f"gate {task_name(task)} {kind}")
+        logger.info(f"{kind}: checkpoint {checkpoint.id}")
+    except Exception as e:  # noqa: BLE001 - reported as this attempt's error, the gate goes on
+        logger.exception(f"{kind} attempt failed")
+        return Attempt(error=f"{kind}: {' '.join(str(e).split()) or type(e).__name__}",
+                       duration_s=time.monotonic() - started)
+    finally:
+        await env.stop(delete=True)
+    try:
+        grade = await grade_async(store, checkpoint, task, trial_dir=paths.trial_dir, logger=logger)
+    finally:
+        await asyncio.to_thread(store.remove_checkpoint, checkpoint.id)
+    logger.info(f"{kind}: {grade.verdict} reward={grade.reward} error={grade.error}")
+    return Attempt(grade=grade, agent_note=note, duration_s=time.monotonic() - started)
+
+
+def _verdict(oracle: Attempt, nop: Attempt) -> tuple[Verdict, str | None]:
+    for kind, attempt in (("oracle", oracle), ("nop", nop)):
+        if attempt.error:
+            return "error", attempt.error
+        if attempt.grade.error:
+            return "error", f"{kind}: {attempt.grade.error}"
+    reasons = []
+    if oracle.grade.reward != 1:
+        note = f" ({oracle.agent_note})" if oracle.agent_note else ""
+        reasons.append(f"oracle scored {oracle.grade.reward:g}, must be 1{note}")
+    if nop.grade.reward != 0:
+        reasons.append(f"nop scored {nop.grade.reward:g}, must be 0")
+    return ("fail", "; ".join(reasons)) if reasons else ("pass", oracle.agent_note)
+
+
+async def gate_task(store: Store, task: Task, log_dir: Path, *, rebuild_before: float | None = None,
+                    on_phase: Callable[[str], None] = lambda phase: None) -> TaskGate:
+    """The gate for one task (its image built if needed, then oracle and nop); never raises for the task's faults."""
+    started = time.monotonic()
+    name = task_name(task)
+    shutil.rmtree(log_dir, ignore_errors=True)
+    log_dir.mkdir(parents=True)
+    logger, handler = _task_logger(name, log_dir / "gate.log")
+    try:
+        result = await _gate(store, task, log_dir, logger, rebuild_before, on_phase)
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+    result.duration_s = time.monotonic() - started
+    (log_dir / "result.json").write_text(result.model_dump_json(indent=2))
+    return result
+
+
+async def _gate(store: Store, task: Task, log_dir: Path, logger: logging.Logger, rebuild_before: float | None,
+                on_phase: Callable[[str], None]) -> TaskGate:
+    name = task_name(task)
+    on_phase("image")
+    try:
+        image = await asyncio.to_thread(ensure_image, store, task.paths.environment_dir, task.config.environment,
+                                        name=name, rebuild_before=rebuild_before, log_path=log_dir / "build.log")
+    except SproutError as e:
+        logger.error(str(e))
+        return TaskGate(task=name, verdict="error", reason=str(e), log_dir=str(log_dir))
+    logger.info(f"image {image.reference} ({'built' if image.built else 'cached'}, {image.seconds:.1f}s)")
+    on_phase("oracle")
+    oracle = await _attempt(store, task, "oracle", log_dir, logger)
+    on_phase("nop")
+    nop = await _attempt(store, task, "nop", log_dir, logger)
+    verdict, reason = _verdict(oracle, nop)
+    return TaskGate(task=name, verdict=verdict, reason=reason, oracle=oracle, nop=nop, image=image.reference,
+                    log_dir=str(log_dir))
+
+
+def _error_result(name: str, reason: str, output: Path) -> TaskGate:
+    """The result of a task the gate could not run (malformed, or an unexpected failure); its result.json too."""
+    log_dir = output / name
+    result = TaskGate(task=name, verdict="error", reason=reason, log_dir=str(log_dir))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    (log_dir / "result.json").write_text(result.model_dump_json(indent=2))
+    return result
+
+
+def run_gate(tasks_dir: Path, output: Path, *, workers: int, only: list[str] | None = None,
+             no_build_cache: bool = False, store_root: Path | None = None, runtime_bin: Path | None = None,
+             progress: Progress | None = None) -> GateSummary:
+    """Gates every task of a dataset with a bounded pool of `workers` threads; writes output/summary.json."""
+    started, started_at = time.monotonic(), datetime.now(timezone.utc).isoformat(timespec="seconds")
+    out, source = output.resolve(), Path(tasks_dir).resolve()
+    if out == source or source in out.parents or out in source.parents:
+        raise SproutError(f"--output {output} must be outside the tasks directory {tasks_dir}")
+    tasks = load_tasks(tasks_dir, only)
+    if not tasks.tasks and not tasks.problems:
+        raise SproutError(f"no tasks in {tasks_dir} (a task is a directory with a task.toml)")
+    output.mkdir(parents=True, exist_ok=True)
+    store_root = Store(store_root, runtime_bin=runtime_bin).root  # fails early and clearly without a store
+    rebuild_before = time.time() if no_build_cache else None
+    results = []
+    for problem in tasks.problems:
+        shutil.rmtree(output / problem.name, ignore_errors=True)
+        results.append(_error_result(problem.name, problem.problem, output))
+        _report(progress, results[-1])
+
+    def one(task: Task) -> TaskGate:
+        row = progress.add_task(f"{task_name(task)}: waiting", total=None) if progress else None
+
+        def on_phase(phase: str) -> None:
+            if progress is not None:
+                progress.update(row, description=f"{task_name(task)}: {phase}")
+
+        try:
+            store = Store(store_root, runtime_bin=runtime_bin)  # one per thread: its SQLite connection too
+            return asyncio.run(gate_task(store, task, output / task_name(task), rebuild_before=rebuild_before,
+                                         on_phase=on_phase))
+        except Exception as e:  # noqa: BLE001 - not the task's fault (e.g. the store); the other tasks go on
+            return _error_result(task_name(task), f"gate failed: {type(e).__name__}: {e}", output)
+        finally:
+            if progress is not None:
+                progress.remove_task(row)
+
+    total = len(tasks.tasks) + len(tasks.problems)
+    overall = progress.add_task(f"gate: {len(results)}/{total} done", total=None) if progress else None
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="gate") as pool:
+        for future in as_completed([pool.submit(one, task) for task in tasks.tasks]):
+            results.append(future.result())
+            _report(progress, results[-1])
+            if progress is not None:
+                progress.update(overall, description=f"gate: {len(results)}/{total} done")
+    if progress is not None:
+        progress.remove_task(overall)
+    results.sort(key=lambda r: r.task)
+    counts = {v: sum(r.verdict == v for r in results) for v in ("pass", "fail", "error")}
+    summary = GateSummary(tasks_dir=str(tasks_dir), workers=workers, started_at=started_at,
+                          wall_s=time.monotonic() - started, passed=counts["pass"], failed=counts["fail"],
+                          errors=counts["error"], results=results)
+    (output / "summary.json").write_text(summary.model_dump_json(indent=2))
+    return summary
+
+
+MARKS = {"pass": "[green]pass[/green]", "fail": "[red]FAIL[/red]", "error": "[yellow]ERROR[/yellow]"}
+
+
+def _reward(attempt: Attempt | None) -> str:
+    if attempt is None or attempt.grade is None or attempt.grade.reward is None:
+        return "-"
+    return f"{attempt.grade.reward:g}"
+
+
+def _report(progress: Progress | None, result: TaskGate) -> None:
+    if progress is not None:
+        progress.console.print(f"{MARKS[result.verdict]} {result.task}  oracle={_reward(result.oracle)} "
+                               f"nop={_reward(result.nop)}  {result.duration_s:.1f}s"
+                               + (f"  {result.reason}" if result.reason else ""), markup=True)
+
+
+def summary_table(summary: GateSummary) -> Table:
+    table = Table("task", "oracle reward", "nop reward", "verdict", "time", "reason", title="gate")
+    for r in summary.results:
+        reason = (r.reason or "").removeprefix(f"task {r.task}: ")  # the row names the task already
+        table.add_row(r.task, _reward(r.oracle), _reward(r.nop), MARKS[r.verdict], f"{r.duration_s:.1f}s", reason)
+    return table
+
+
+def summary_line(summary: GateSummary) -> str:
+    total = len(summary.results)
+    return (f"gate: {summary.passed}/{total} passed, {summary.failed} failed, {summary.errors} error(s) "
+            f"in {summary.wall_s:.1f}s with {summary.workers} worker(s)")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sprout.eval.gate", description=(
+        "Gate a dataset of Harbor tasks: each task's oracle (solution/solve.sh) must score 1 and doing "
+        "nothing must score 0, graded by Harbor's verifier in a branch of the final checkpoint."))
+    p.add_argument("--tasks-dir", type=Path, required=True, help="directory of Harbor task directories")
+    p.add_argument("--output", type=Path, default=Path("runs/gate"), help="per-task logs and summary.json")
+    p.add_argument("--workers", type=int, default=8, help="tasks gated in parallel")
+    p.add_argument("--tasks", help="comma-separated task (directory) names to gate; default: all")
+    p.add_argument("--no-build-cache", action="store_true", help="rebuild task images without podman's cache")
+    p.add_argument("--runtime-bin", type=Path, default=None,
+                   help="run commands through this sprout-runtime (default: $SPROUT_RUNTIME_BIN, else podman exec)")
+    p.add_argument("--store", type=Path, default=None, help="btrfs store (default: $SPROUT_STORE or ~/sprout-btrfs)")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    if args.workers < 1:
+        raise SproutError("--workers must be at least 1")
+    only = [name.strip() for name in args.tasks.split(",") if name.strip()] if args.tasks else None
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
+        summary = run_gate(args.tasks_dir, args.output, workers=args.workers, only=only,
+                           no_build_cache=args.no_build_cache, store_root=args.store,
+                           runtime_bin=args.runtime_bin, progress=progress)
+    console.print(summary_table(summary))
+    console.print(summary_line(summary))
+    console.print(f"logs: {args.output}/<task>/, summary: {args.output / 'summary.json'}")
+    return 0 if summary.passed == len(summary.results) and summary.results else 1
+
+
+if __name__ == "__main__":
+    run_cli(main)

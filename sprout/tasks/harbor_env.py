@@ -1,0 +1,173 @@
+"""A Sprout sandbox as a Harbor 0.22 environment, so Harbor's own Verifier, OracleAgent and Trial run on it.
+
+Harbor users select it by import path:
+    harbor run -p TASK -a oracle -e sprout.tasks.harbor_env:SproutEnvironment --ek runtime_bin=runtime/sprout-runtime
+(`--ek store_root=DIR` picks another store). Sprout's own runners use
+`SproutEnvironment.for_task(task, paths, store=..., checkpoint=cp)` to work in a new branch of a
+checkpoint, or `sandbox=sb` to wrap an existing sandbox, which it then never stops.
+
+Differences from Harbor's Docker environment, by design:
+- exec returns stdout and stderr merged in `stdout` (`stderr` is None), as the SDK captures them;
+- commands run as the image's user unless `user=` (or the default user Harbor sets) names another;
+- log directories are not bind mounts (capabilities.mounted is False): Harbor downloads them;
+  other bind mounts, docker-compose, GPUs/TPUs, Windows and host allowlists are refused;
+- `storage_mb` is not enforced (btrfs quotas stay off for fast snapshots).
+Harbor's multi-step trials run on it (they only exec and transfer files); Sprout's own runners, which
+grade one final checkpoint, refuse multi-step tasks (sprout.tasks.loading).
+"""
+
+import asyncio
+import time
+from pathlib import Path
+
+from harbor.environments.base import BaseEnvironment
+from harbor.environments.base import ExecResult as HarborExecResult
+from harbor.environments.capabilities import EnvironmentCapabilities, EnvironmentResourceCapabilities
+from harbor.environments.definition import COMPOSE_FILE_NAME, require_agent_environment_definition
+from harbor.models.task.task import Task
+from harbor.models.trial.config import ResourceMode
+from harbor.models.trial.paths import EnvironmentPaths, TrialPaths
+
+from ..sandbox import Checkpoint, Sandbox, SandboxStateError, Store
+from . import transfer
+from .cancellable import exec_async
+from .errors import UnsupportedTaskError
+from .images import ensure_image
+
+
+class CommandTimeoutError(RuntimeError):
+    """exec's timeout_sec passed (Harbor's Docker environment raises a RuntimeError then too)."""
+
+
+class SproutEnvironment(BaseEnvironment):
+    def __init__(self, environment_dir: Path, environment_name: str, session_id: str, trial_paths: TrialPaths,
+                 task_env_config, *, store: Store | None = None, store_root: str | Path | None = None,
+                 runtime_bin: str | Path | None = None, sandbox: Sandbox | None = None,
+                 checkpoint: Checkpoint | None = None, **kwargs):
+        """`store`/`store_root`/`runtime_bin` choose the store (default: $SPROUT_STORE, $SPROUT_RUNTIME_BIN).
+        By default start() makes a sandbox from the task's image; with `checkpoint` it makes a branch
+        of that checkpoint instead (both are destroyed by stop()); with `sandbox` it attaches to that
+        running sandbox, which stays the caller's."""
+        self.store = store or Store(Path(store_root) if store_root else None,
+                                    runtime_bin=Path(runtime_bin) if runtime_bin else None)
+        self._sandbox = sandbox
+        self._checkpoint = checkpoint
+        self._owns_sandbox = sandbox is None
+        self._identity: tuple[int, int, str] | None = None  # uid, gid, name of the sandbox's user
+        super().__init__(environment_dir=Path(environment_dir), environment_name=environment_name,
+                         session_id=session_id, trial_paths=trial_paths, task_env_config=task_env_config,
+                         **kwargs)
+
+    @classmethod
+    def for_task(cls, task: Task, trial_paths: TrialPaths, *, store: Store, sandbox: Sandbox | None = None,
+                 checkpoint: Checkpoint | None = None, session_id: str | None = None,
+                 logger=None) -> "SproutEnvironment":
+        """The environment a Harbor Trial would make for `task`, for Sprout's own runners."""
+        env_config = task.config.environment.model_copy(deep=True)
+        return cls(environment_dir=task.paths.environment_dir, environment_name=task.short_name,
+                   session_id=session_id or f"{task.short_name}__sprout", trial_paths=trial_paths,
+                   task_env_config=env_config, logger=logger, network_policy=env_config.resolve_baseline(),
+                   store=store, sandbox=sandbox, checkpoint=checkpoint)
+
+    @staticmethod
+    def type() -> str:
+        return "sprout"
+
+    @property
+    def capabilities(self) -> EnvironmentCapabilities:
+        return EnvironmentCapabilities(disable_internet=True)
+
+    @classmethod
+    def resource_capabilities(cls) -> EnvironmentResourceCapabilities:
+        return EnvironmentResourceCapabilities(cpu_limit=True, memory_limit=True)
+
+    def _validate_definition(self) -> None:
+        if (self.environment_dir / COMPOSE_FILE_NAME).exists():
+            raise UnsupportedTaskError(f"task {self.environment_name}: docker-compose environments are not "
+                                       "supported by Sprout sandboxes (one container per task)")
+        logs = EnvironmentPaths.for_os(self.os)
+        harbor_logs = {str(p) for p in (logs.agent_dir, logs.user_agent_dir, logs.verifier_dir, logs.artifacts_dir)}
+        extra = [m.get("target") for m in self._mounts if m.get("target") not in harbor_logs]
+        if extra:  # Harbor's own log mounts are downloaded instead (capabilities.mounted is False)
+            raise UnsupportedTaskError(f"task {self.environment_name}: bind mounts ({', '.join(map(str, extra))}) "
+                                       "are not supported by Sprout sandboxes")
+        if self._sandbox is None and self._checkpoint is None:
+            require_agent_environment_definition(self.environment_dir,
+                                                 docker_image=self.task_env_config.docker_image)
+
+    @property
+    def sandbox(self) -> Sandbox:
+        if self._sandbox is None:
+            raise SandboxStateError(f"environment {self.session_id} has no sandbox (start it first)")
+        return self._sandbox
+
+    def sandbox_options(self) -> dict:
+        """create_sandbox() options from the task: memory_mb, cpus, network_mode (after Harbor's overrides)."""
+        memory_mb = self._resource_limit_value("memory", auto_mode=ResourceMode.LIMIT)
+        return {"memory": f"{memory_mb}m" if memory_mb else None,
+                "cpus": self._resource_limit_value("cpu", auto_mode=ResourceMode.LIMIT),
+                "network": not self._network_disabled, "label": self.session_id}
+
+    async def start(self, force_build: bool) -> None:
+        if self.task_env_config.storage_mb:
+            self.logger.warning("storage_mb is not enforced by Sprout sandboxes")
+        if self._sandbox is None and self._checkpoint is not None:
+            self._sandbox = await asyncio.to_thread(self._checkpoint.branch, **self.sandbox_options())
+        elif self._sandbox is None:
+            built = await asyncio.to_thread(
+                ensure_image, self.store, self.environment_dir, self.task_env_config, name=self.environment_name,
+                rebuild_before=time.time() if force_build else None)
+            self._sandbox = await asyncio.to_thread(self.store.create_sandbox, built.image, **self.sandbox_options())
+        elif not self._sandbox.running:
+            raise SandboxStateError(f"sandbox {self._sandbox.id} is not running")
+        paths = EnvironmentPaths.for_os(self.os)
+        targets = {*self._mount_targets(writable_only=True),
+                   *(str(p) for p in (paths.agent_dir, paths.verifier_dir, paths.artifacts_dir))}
+        uid, gid, _ = await self._user()
+        await asyncio.to_thread(transfer.ensure_dirs, self.sandbox.path, sorted(targets), (uid, gid))
+        if self._owns_sandbox and self._checkpoint is None:
+            await self._upload_environment_dir_after_start()
+
+    async def stop(self, delete: bool) -> None:
+        """Destroys the sandbox it created (or, with delete=False, stops it and keeps its disk)."""
+        if self._sandbox is None or not self._owns_sandbox:
+            return
+        sandbox = self._sandbox
+        if delete:
+            await asyncio.to_thread(sandbox.destroy)
+            self._sandbox = None
+        else:
+            await asyncio.to_thread(sandbox.stop)
+            self.logger.info(f"kept the disk of sandbox {sandbox.id} (python -m sprout.sandbox start {sandbox.id})")
+
+    async def _user(self) -> tuple[int, int, str]:
+        if self._identity is None:
+            result = await exec_async(self.sandbox, "id -u; id -g; id -un 2>/dev/null || id -u", timeout=30)
+            uid, gid, name = result.output.split()[:3]
+            self._identity = int(uid), int(gid), name
+        return self._identity
+
+    async def exec(self, command: str, cwd: str | None = None, env: dict[str, str] | None = None,
+                   timeout_sec: int | None = None, user: str | int | None = None) -> HarborExecResult:
+        result = await exec_async(self.sandbox, command, cwd=cwd or self.task_env_config.workdir,
+                                  env=self._merge_env(env), timeout=timeout_sec or None, user=self._resolve_user(user))
+        if result.timed_out:
+            raise CommandTimeoutError(f"Command timed out after {timeout_sec} seconds")
+        callback = self._output_callback()
+        if callback is not None and result.output:
+            await callback(result.output, "stdout")
+        return HarborExecResult(stdout=result.output, stderr=None, return_code=result.exit_code)
+
+    async def upload_file(self, source_path: Path | str, target_path: str) -> None:
+        uid, gid, _ = await self._user()
+        await asyncio.to_thread(transfer.upload_file, self.sandbox.path, Path(source_path), target_path, (uid, gid))
+
+    async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
+        uid, gid, _ = await self._user()
+        await asyncio.to_thread(transfer.upload_dir, self.sandbox.path, Path(source_dir), target_dir, (uid, gid))
+
+    async def download_file(self, source_path: str, target_path: Path | str) -> None:
+        await asyncio.to_thread(transfer.download_file, self.sandbox.path, source_path, Path(target_path))
+
+    async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
+        await asyncio.to_thread(transfer.download_dir, self.sandbox.path, source_dir, Path(target_dir))

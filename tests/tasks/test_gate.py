@@ -1,0 +1,93 @@
+"""The gate over the fixture dataset, through its command line: each task's expected verdict."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sprout.eval.gate import run_gate
+from tests.conftest import REPO, RUNTIME_BIN
+from tests.tasks.conftest import FIXTURES, SLOW_FIXTURES
+
+EXPECTED = {  # task: (verdict, oracle reward, nop reward)
+    "broken-oracle": ("fail", 0.0, 0.0),
+    "malformed-toml": ("error", None, None),
+    "nop-passes": ("fail", 1.0, 1.0),
+    "py-bugfix": ("pass", 1.0, 0.0),
+    "reward-json": ("pass", 1.0, 0.0),
+    "shell-count": ("pass", 1.0, 0.0),
+}
+
+
+def gate(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sprout.eval.gate", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
+
+
+def reward(attempt: dict | None) -> float | None:
+    return attempt["grade"]["reward"] if attempt and attempt["grade"] else None
+
+
+def test_gate_over_the_fixtures(tmp_path):
+    out = tmp_path / "gate"
+    proc = gate("--tasks-dir", str(FIXTURES), "--output", str(out), "--workers", "4",
+                "--runtime-bin", str(RUNTIME_BIN))
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # two tasks fail the gate, one is malformed
+    summary = json.loads((out / "summary.json").read_text())
+    got = {r["task"]: (r["verdict"], reward(r["oracle"]), reward(r["nop"])) for r in summary["results"]}
+    assert got == EXPECTED
+    assert (summary["passed"], summary["failed"], summary["errors"]) == (3, 2, 1)
+    reasons = {r["task"]: r["reason"] for r in summary["results"]}
+    assert reasons["broken-oracle"] == "oracle scored 0, must be 1"
+    assert reasons["nop-passes"] == "nop scored 1, must be 0"
+    assert reasons["malformed-toml"].startswith("task malformed-toml: task.toml is not valid TOML")
+    assert "gate: 3/6 passed, 2 failed, 1 error(s)" in proc.stdout
+    for task in ("py-bugfix", "broken-oracle"):
+        assert f"│ {task}" in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
+    logs = out / "py-bugfix"
+    assert (logs / "oracle" / "verifier" / "reward.txt").read_text().strip() == "1"
+    assert "2 passed" in (logs / "oracle" / "verifier" / "test-stdout.txt").read_text()
+    assert (logs / "nop" / "verifier" / "reward.txt").read_text().strip() == "0"
+    assert json.loads((logs / "result.json").read_text())["verdict"] == "pass"
+    assert (out / "reward-json" / "oracle" / "verifier" / "reward.json").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tasks-dir", "/no/such/dir"], "error: no tasks directory /no/such/dir"),
+    (["--tasks-dir", str(FIXTURES), "--tasks", "py-bugfix,nosuch"], "error: no task named nosuch in"),
+    (["--tasks-dir", str(FIXTURES), "--workers", "0"], "error: --workers must be at least 1"),
+])
+def test_user_errors_are_one_line(args, message, tmp_path):
+    proc = gate(*args, "--output", str(tmp_path / "gate"))
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(message) and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_hanging_and_unhealthy_tasks_are_cut_off_and_reported(copy_task, tmp_path):
+    dataset = tmp_path / "dataset"
+    dataset.mkdir()
+    hangs = copy_task("verifier-hangs", source=SLOW_FIXTURES)
+    hangs.rename(dataset / "verifier-hangs")
+    oracle_hangs = copy_task("shell-count", **{"solution/solve.sh": "#!/bin/bash\n(sleep 300 &)\nsleep 301\n"})
+    toml = oracle_hangs / "task.toml"
+    toml.write_text(toml.read_text().replace("timeout_sec = 120.0", "timeout_sec = 2.0"))
+    oracle_hangs.rename(dataset / "oracle-hangs")
+    unhealthy = copy_task("py-bugfix")
+    (unhealthy / "task.toml").write_text((unhealthy / "task.toml").read_text() + (
+        "\n[environment.healthcheck]\ncommand = \"test -f /app/ready\"\ninterval_sec = 0.1\nretries = 2\n"))
+    unhealthy.rename(dataset / "unhealthy")
+
+    started = time.monotonic()
+    summary = run_gate(dataset, tmp_path / "gate", workers=3, runtime_bin=RUNTIME_BIN)
+    assert time.monotonic() - started < 60
+    reasons = {r.task: (r.verdict, r.reason) for r in summary.results}
+    assert reasons == {
+        "oracle-hangs": ("fail", "oracle scored 0, must be 1 (solve.sh timed out after 2s ([agent].timeout_sec))"),
+        "unhealthy": ("error", "oracle: Healthcheck failed after 2 consecutive retries: test -f /app/ready"),
+        "verifier-hangs": ("error", "oracle: the verifier timed out after 3s ([verifier].timeout_sec); "
+                                    "its processes were killed"),
+    }
