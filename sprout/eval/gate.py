@@ -10,49 +10,23 @@ verifier/test-stdout.txt, verifier/reward.*) and result.json; runs/gate/summary.
 
 import argparse
 import asyncio
-import logging
 import shutil
 import time
-from collections.abc import Callable
+import uuid
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from datetime import datetime, timezone
 from pathlib import Path
 
-from harbor.agents.oracle import OracleAgent
-from harbor.models.agent.context import AgentContext
 from harbor.models.task.task import Task
-from harbor.models.trial.paths import TrialPaths
 from pydantic import BaseModel
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ..console import console, run_cli
 from ..sandbox import SproutError, Store
-from ..tasks import (CommandTimeoutError, GradeResult, SproutEnvironment, ensure_image, grade_async, load_tasks,
-                     task_name)
-from ..tasks.grade import Verdict
-
-DEFAULT_AGENT_TIMEOUT_S = 900.0  # for tasks without [agent].timeout_sec (Harbor's default: no limit)
-
-
-class Attempt(BaseModel):
-    """One side of the gate: oracle (solve.sh ran) or nop (nothing ran), then graded."""
-
-    grade: GradeResult | None = None
-    agent_note: str | None = None  # the oracle timed out or exited non-zero (it is graded anyway, as in Harbor)
-    error: str | None = None  # the attempt could not be made or graded
-    duration_s: float = 0.0
-
-
-class TaskGate(BaseModel):
-    task: str
-    verdict: Verdict
-    reason: str | None = None
-    oracle: Attempt | None = None
-    nop: Attempt | None = None
-    image: str | None = None
-    duration_s: float = 0.0
-    log_dir: str
+from ..tasks import load_tasks, task_name
+from ..tasks.gate import Attempt, TaskGate, gate_task
+from .remote import configured_client, run_job
 
 
 class GateSummary(BaseModel):
@@ -64,115 +38,6 @@ class GateSummary(BaseModel):
     failed: int
     errors: int
     results: list[TaskGate]
-
-
-def _task_logger(name: str, path: Path) -> tuple[logging.Logger, logging.Handler]:
-    """A logger for one task's gate.log; Harbor's environment and verifier log through its children."""
-    logger = logging.getLogger(f"sprout.gate.{name}")
-    logger.setLevel(logging.DEBUG)
-    logger.propagate = False
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logger.addHandler(handler)
-    return logger, handler
-
-
-async def _run_oracle(env: SproutEnvironment, task: Task, paths: TrialPaths, logger: logging.Logger) -> str | None:
-    """Harbor's OracleAgent as Trial runs it (as [agent].user, cut off at the agent timeout); a note or None."""
-    timeout = task.config.agent.timeout_sec or DEFAULT_AGENT_TIMEOUT_S
-    agent = OracleAgent(logs_dir=paths.agent_dir, task_dir=task.task_dir, trial_paths=paths,
-                        agent_timeout_sec=timeout, logger=logger)
-    try:
-        with env.with_default_user(task.config.agent.user):
-            await asyncio.wait_for(agent.run(task.instruction, env, AgentContext()), timeout)
-    except (asyncio.TimeoutError, CommandTimeoutError):
-        return f"solve.sh timed out after {timeout:g}s ([agent].timeout_sec)"
-    exit_code = paths.agent_dir / "exit-code.txt"
-    return f"solve.sh exited with {exit_code.read_text().strip()}" if exit_code.exists() else None
-
-
-async def _attempt(store: Store, task: Task, kind: str, log_dir: Path, logger: logging.Logger) -> Attempt:
-    """A fresh sandbox from the task's image; the oracle runs there (or nothing does); checkpoint; grade."""
-    started = time.monotonic()
-    paths = TrialPaths(log_dir / kind)
-    paths.mkdir()
-    env = SproutEnvironment.for_task(task, paths, store=store, session_id=f"{task_name(task)}__{kind}",
-                                     logger=logger)
-    note = None
-    try:
-        await env.start(force_build=False)
-        logger.info(f"{kind}: sandbox {env.sandbox.id}")
-        await env.run_healthcheck()
-        if kind == "oracle":
-            note = await _run_oracle(env, task, paths, logger)
-            logger.info(f"oracle: {note or 'solve.sh finished'}")
-        checkpoint = await asyncio.to_thread(env.sandbox.checkpoint, label=f"gate {task_name(task)} {kind}")
-        logger.info(f"{kind}: checkpoint {checkpoint.id}")
-    except Exception as e:  # noqa: BLE001 - reported as this attempt's error, the gate goes on
-        logger.exception(f"{kind} attempt failed")
-        return Attempt(error=f"{kind}: {' '.join(str(e).split()) or type(e).__name__}",
-                       duration_s=time.monotonic() - started)
-    finally:
-        await env.stop(delete=True)
-    try:
-        grade = await grade_async(store, checkpoint, task, trial_dir=paths.trial_dir, logger=logger)
-    finally:
-        await asyncio.to_thread(store.remove_checkpoint, checkpoint.id)
-    logger.info(f"{kind}: {grade.verdict} reward={grade.reward} error={grade.error}")
-    return Attempt(grade=grade, agent_note=note, duration_s=time.monotonic() - started)
-
-
-def _verdict(oracle: Attempt, nop: Attempt) -> tuple[Verdict, str | None]:
-    for kind, attempt in (("oracle", oracle), ("nop", nop)):
-        if attempt.error:
-            return "error", attempt.error
-        if attempt.grade.error:
-            return "error", f"{kind}: {attempt.grade.error}"
-    reasons = []
-    if oracle.grade.reward != 1:
-        note = f" ({oracle.agent_note})" if oracle.agent_note else ""
-        reasons.append(f"oracle scored {oracle.grade.reward:g}, must be 1{note}")
-    if nop.grade.reward != 0:
-        reasons.append(f"nop scored {nop.grade.reward:g}, must be 0")
-    return ("fail", "; ".join(reasons)) if reasons else ("pass", oracle.agent_note)
-
-
-async def gate_task(store: Store, task: Task, log_dir: Path, *, rebuild_before: float | None = None,
-                    on_phase: Callable[[str], None] = lambda phase: None) -> TaskGate:
-    """The gate for one task (its image built if needed, then oracle and nop); never raises for the task's faults."""
-    started = time.monotonic()
-    name = task_name(task)
-    shutil.rmtree(log_dir, ignore_errors=True)
-    log_dir.mkdir(parents=True)
-    logger, handler = _task_logger(name, log_dir / "gate.log")
-    try:
-        result = await _gate(store, task, log_dir, logger, rebuild_before, on_phase)
-    finally:
-        logger.removeHandler(handler)
-        handler.close()
-    result.duration_s = time.monotonic() - started
-    (log_dir / "result.json").write_text(result.model_dump_json(indent=2))
-    return result
-
-
-async def _gate(store: Store, task: Task, log_dir: Path, logger: logging.Logger, rebuild_before: float | None,
-                on_phase: Callable[[str], None]) -> TaskGate:
-    name = task_name(task)
-    on_phase("image")
-    try:
-        image = await asyncio.to_thread(ensure_image, store, task.paths.environment_dir, task.config.environment,
-                                        name=name, rebuild_before=rebuild_before, log_path=log_dir / "build.log")
-    except SproutError as e:
-        logger.error(str(e))
-        return TaskGate(task=name, verdict="error", reason=str(e), log_dir=str(log_dir))
-    logger.info(f"image {image.reference} ({'built' if image.built else 'cached'}, {image.seconds:.1f}s)")
-    on_phase("oracle")
-    oracle = await _attempt(store, task, "oracle", log_dir, logger)
-    on_phase("nop")
-    nop = await _attempt(store, task, "nop", log_dir, logger)
-    verdict, reason = _verdict(oracle, nop)
-    return TaskGate(task=name, verdict=verdict, reason=reason, oracle=oracle, nop=nop, image=image.reference,
-                    log_dir=str(log_dir))
 
 
 def _error_result(name: str, reason: str, output: Path) -> TaskGate:
@@ -196,8 +61,11 @@ def run_gate(tasks_dir: Path, output: Path, *, workers: int, only: list[str] | N
     if not tasks.tasks and not tasks.problems:
         raise SproutError(f"no tasks in {tasks_dir} (a task is a directory with a task.toml)")
     output.mkdir(parents=True, exist_ok=True)
-    store_root = Store(store_root, runtime_bin=runtime_bin).root  # fails early and clearly without a store
+    client = configured_client()  # a Run Store: each task becomes a `gate` job for its workers
+    if client is None:
+        store_root = Store(store_root, runtime_bin=runtime_bin).root  # fails early and clearly without a store
     rebuild_before = time.time() if no_build_cache else None
+    group_id = f"gate-{uuid.uuid4().hex[:12]}"
     results = []
     for problem in tasks.problems:
         shutil.rmtree(output / problem.name, ignore_errors=True)
@@ -212,6 +80,12 @@ def run_gate(tasks_dir: Path, output: Path, *, workers: int, only: list[str] | N
                 progress.update(row, description=f"{task_name(task)}: {phase}")
 
         try:
+            if client is not None:
+                on_phase("queued as a Run Store job")
+                result = run_job(client, "gate", {"task_dir": str(Path(task.task_dir).resolve()),
+                                                  "log_dir": str((output / task_name(task)).resolve()),
+                                                  "rebuild_before": rebuild_before}, group_id=group_id)
+                return TaskGate.model_validate(result)
             store = Store(store_root, runtime_bin=runtime_bin)  # one per thread: its SQLite connection too
             return asyncio.run(gate_task(store, task, output / task_name(task), rebuild_before=rebuild_before,
                                          on_phase=on_phase))

@@ -51,5 +51,31 @@ def _rollout_result(outcome: dict, journal: Path, checkpoints: list) -> dict[str
     return {"outcome": outcome, "journal": str(journal), "checkpoints": checkpoints, "host": socket.gethostname()}
 
 
+def grade(claim: Claim) -> dict[str, Any]:
+    """payload: checkpoint_id, task_dir; the checkpoint must be in this host's store."""
+    from ..tasks import grade as grade_checkpoint
+    from ..tasks import load_task
+
+    store = _store()
+    payload = claim.job.payload
+    result = grade_checkpoint(store, store.checkpoint(payload["checkpoint_id"]), load_task(Path(payload["task_dir"])))
+    return result.model_dump(mode="json")
+
+
+def gate(claim: Claim) -> dict[str, Any]:
+    """payload: task_dir, log_dir (both on a filesystem this host shares with the submitter)."""
+    import asyncio
+    import tempfile
+
+    from ..tasks import load_task
+    from ..tasks.gate import gate_task
+
+    payload = claim.job.payload
+    log_dir = Path(payload.get("log_dir") or tempfile.mkdtemp(prefix="sprout-gate-"))
+    result = asyncio.run(gate_task(_store(), load_task(Path(payload["task_dir"])), log_dir,
+                                   rebuild_before=payload.get("rebuild_before")))
+    return result.model_dump(mode="json")
+
+
 def default_handlers() -> dict[str, Any]:
-    return {"rollout": rollout}
+    return {"rollout": rollout, "grade": grade, "gate": gate}

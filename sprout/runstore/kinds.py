@@ -46,9 +46,11 @@ class ReviewPayload(Payload):
 
 
 class GatePayload(Payload):
-    """Check that a task is well formed before rollouts are spent on it."""
+    """Check that a task is well formed before rollouts are spent on it (oracle 1, nop 0)."""
 
     task_dir: str
+    log_dir: str | None = None  # where the gate's logs go (default: a fresh temporary directory)
+    rebuild_before: float | None = None
 
 
 _KINDS: dict[str, type[BaseModel]] = {}

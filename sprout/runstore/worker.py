@@ -106,8 +106,8 @@ class Worker:
         except Exception as e:
             done.set()
             log.error("job %d failed: %s", job.id, e)
-            self._report(lambda: self.client.fail(job.id, claim.lease_token, f"{type(e).__name__}: {e}\n"
-                                                  f"{traceback.format_exc(limit=5)}"))
+            error = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=5)}"
+            self._report(lambda: self.client.fail(job.id, claim.lease_token, error))
         else:
             done.set()
             self._report(lambda: self.client.complete(job.id, claim.lease_token, result))

@@ -15,7 +15,6 @@ import difflib
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 from rich.table import Table

@@ -2,11 +2,11 @@
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from ..console import console, run_parser
 from . import doctor
+from . import run as run_command
 
 
 def cmd_doctor(args) -> int:
@@ -28,13 +28,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--runtime-bin", type=Path, help=f"sprout-runtime to check (default {doctor.DEFAULT_RUNTIME})")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_doctor)
-    try:
-        from . import run as run_command
-    except ImportError as e:  # the agent extra is optional for doctor
-        s = sub.add_parser("run", help=f"unavailable: {e}")
-        s.set_defaults(func=lambda _args: sys.exit(f"error: `run` needs the mini extra: pip install -e '.[mini]' ({e})"))
-    else:
-        run_command.add_parser(sub)
+    run_command.add_parser(sub)
     return p
 
 

@@ -1,6 +1,5 @@
 """`python -m sprout.worker run`: one agent rollout with a checkpoint and a journal line per turn."""
 
-import argparse
 import os
 from pathlib import Path
 
@@ -50,8 +49,11 @@ def cmd_run(args) -> int:
     from ..sandbox.errors import SproutError
 
     os.environ["MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT"] = str(max(1, args.model_retries))
-    from ..agent.models import Endpoint
-    from ..agent.runner import RolloutSpec, run_rollout
+    try:
+        from ..agent.models import Endpoint
+        from ..agent.runner import RolloutSpec, run_rollout
+    except ImportError as e:  # doctor works without the agent's packages; run does not
+        raise SproutError(f"`run` needs mini-swe-agent: pip install -e '.[mini]' ({e})") from None
 
     if (args.from_journal is None) != (args.turn is None):
         raise SproutError("--from and --turn go together")

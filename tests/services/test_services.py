@@ -9,7 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from sprout.agent.journal import read_journal
 from sprout.runstore.client import RunStoreClient
@@ -90,3 +89,34 @@ def test_up_status_env_rollout_job_down(tmp_path):
     store = Store()
     for turn in read_journal(journal).turns:
         store.remove_checkpoint(turn.checkpoint, force=True)
+
+
+def test_gate_through_the_run_store_gives_the_in_process_summary(tmp_path):
+    config, port = tmp_path / "cfg", free_port()
+    tasks = REPO / "tests" / "fixtures" / "tasks"
+    assert services(config, "init", "--port", str(port), "--slots", "3").returncode == 0
+    assert services(config, "up", "runstore-api", "runstore-worker").returncode == 0
+    try:
+        exports = services(config, "env").stdout.split()
+        remote_env = dict(item.split("=", 1) for item in exports[1:])
+        gate = [sys.executable, "-m", "sprout.eval.gate", "--tasks-dir", str(tasks), "--workers", "3",
+                "--runtime-bin", str(REPO / "runtime" / "sprout-runtime")]
+        base_env = {k: v for k, v in os.environ.items() if not k.startswith("SPROUT_RUNSTORE")}
+        remote = subprocess.run([*gate, "--output", str(tmp_path / "remote")], cwd=REPO, capture_output=True,
+                                text=True, timeout=600, env={**base_env, **remote_env})
+        jobs = RunStoreClient(remote_env["SPROUT_RUNSTORE_URL"], remote_env["SPROUT_RUNSTORE_TOKEN"]).list(kind="gate")
+    finally:
+        services(config, "down")
+    local = subprocess.run([*gate, "--output", str(tmp_path / "local")], cwd=REPO, capture_output=True, text=True,
+                           timeout=600, env=base_env)
+    assert remote.returncode == local.returncode == 1, remote.stdout + remote.stderr  # fixtures fail on purpose
+
+    def verdicts(path: Path) -> dict:
+        summary = json.loads((path / "summary.json").read_text())
+        return {r["task"]: (r["verdict"], r["oracle"] and r["oracle"]["grade"]["reward"],
+                            r["nop"] and r["nop"]["grade"]["reward"]) for r in summary["results"]}
+
+    assert verdicts(tmp_path / "remote") == verdicts(tmp_path / "local")
+    assert verdicts(tmp_path / "local")["py-bugfix"] == ("pass", 1.0, 0.0)
+    assert len(jobs.jobs) == 5 and all(j.state == "succeeded" for j in jobs.jobs)  # malformed-toml never ran
+    assert (tmp_path / "remote" / "py-bugfix" / "gate.log").exists()

@@ -82,9 +82,9 @@ def test_file_transfer_stays_inside_the_sandbox(fast_store, tmp_path):
             await env.upload_dir(local, "/opt/up")
             result = await env.exec("/opt/up/run.sh && cat /opt/up/link && stat -c %U /opt/up/sub/data.txt")
             assert result.stdout == "ran\ndata\nroot\n"
-            setup = (f"mkdir -p /tmp/t && ln -s /etc /tmp/t/etc-link && echo inside > /root/inside && "
-                     f"ln -s /../../../../../root/inside /tmp/t/escape && ln -s /no/such /tmp/t/dangling && "
-                     f"ln -s /root /tmp/t/dir-link && echo plain > /tmp/t/plain")
+            setup = ("mkdir -p /tmp/t && ln -s /etc /tmp/t/etc-link && echo inside > /root/inside && "
+                     "ln -s /../../../../../root/inside /tmp/t/escape && ln -s /no/such /tmp/t/dangling && "
+                     "ln -s /root /tmp/t/dir-link && echo plain > /tmp/t/plain")
             assert (await env.exec(setup)).return_code == 0
             await env.upload_file(local / "sub" / "data.txt", f"/tmp/t/etc-link/{name}")
             assert not Path(f"/etc/{name}").exists()  # the host's /etc is untouched
