@@ -2,6 +2,7 @@
 
     python -m ops.report snapshots runs/first.jsonl        # a table of turns and their checkpoints
     python -m ops.report export runs/first.jsonl -o x.md   # the trajectory as Markdown (stdout without -o)
+    python -m ops.report task runs/<task>-sprout           # the tree of an evaluation's attempts
 """
 
 import argparse
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from ops.report_task import add_task_parser
 from sprout.agent.journal import Journal, read_journal
 from sprout.console import console, errors, human_bytes, run_parser
 from sprout.sandbox import Store
@@ -124,6 +126,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("journal", type=Path)
     s.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
     s.set_defaults(func=cmd_export)
+    add_task_parser(sub)
     return p
 
 

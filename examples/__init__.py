@@ -1,0 +1,1 @@
+"""Worked examples of Sprout on real models."""

@@ -1,0 +1,104 @@
+"""python -m examples.qwen.run: SPROUT vs restarts with a Qwen model on a Harbor dataset.
+
+Prepares the dataset (Harbor digests, task images, OUT/prep.json), then runs
+`python -m sprout.eval.benchmark` over it with both methods at equal budget. The model is served by
+any OpenAI-compatible endpoint, for example:
+
+    vllm serve Qwen/Qwen3-Coder-30B-A3B-Instruct --port 8000 \\
+        --enable-auto-tool-choice --tool-call-parser qwen3_coder
+    python -m sglang.launch_server --model-path Qwen/Qwen3-Coder-30B-A3B-Instruct --port 8000 \\
+        --tool-call-parser qwen3_coder
+
+Defaults (flags override them):
+    --tasks-dir   $SPROUT_TASKS_DIR, else ~/datasets/deep-swe/tasks
+    --endpoint    $QWEN_BASE_URL, else $OPENAI_BASE_URL, else http://127.0.0.1:8000/v1
+    --model       $QWEN_MODEL, else Qwen/Qwen3-Coder-30B-A3B-Instruct
+    --key-env     QWEN_API_KEY (a vLLM/SGLang server started without --api-key accepts any key;
+                  when the variable is unset it is set to "EMPTY" for this run)
+    --output runs/qwen  --rounds 2 --branches 4 3  --step-limit 50  --workers 4
+With no endpoint reachable (GET /v1/models) it says so and exits 1.
+"""
+
+import argparse
+import os
+from pathlib import Path
+
+import httpx
+
+from sprout.console import console, run_cli
+from sprout.eval import benchmark
+from sprout.eval.prepare import prepare
+from sprout.sandbox import Store
+from sprout.sandbox.errors import SproutError
+
+DEFAULT_MODEL = "Qwen/Qwen3-Coder-30B-A3B-Instruct"
+DEFAULT_ENDPOINT = "http://127.0.0.1:8000/v1"
+DEFAULT_TASKS = Path("~/datasets/deep-swe/tasks")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def probe(endpoint: str, model: str, key: str) -> None:
+    """Refuses (SproutError) unless `endpoint` answers GET /models and serves `model`."""
+    try:
+        response = httpx.get(f"{endpoint}/models", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+        response.raise_for_status()
+        served = [m.get("id") for m in response.json().get("data", [])]
+    except (httpx.HTTPError, ValueError, AttributeError) as e:
+        raise SproutError(f"no OpenAI-compatible endpoint reachable at {endpoint} (GET /models: "
+                          f"{type(e).__name__}: {e}); serve the model first, e.g. `vllm serve {model} --port 8000 "
+                          "--enable-auto-tool-choice --tool-call-parser qwen3_coder`, then pass --endpoint URL "
+                          "(or set QWEN_BASE_URL)") from None
+    if model not in served:
+        raise SproutError(f"{endpoint} does not serve {model} (it serves: {', '.join(map(str, served)) or 'nothing'}); "
+                          "pass --model with one of those")
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m examples.qwen.run", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tasks-dir", type=Path, default=Path(os.environ.get("SPROUT_TASKS_DIR", DEFAULT_TASKS)),
+                   help="Harbor tasks directory (default: $SPROUT_TASKS_DIR or ~/datasets/deep-swe/tasks)")
+    p.add_argument("--endpoint", default=os.environ.get("QWEN_BASE_URL") or os.environ.get("OPENAI_BASE_URL")
+                   or DEFAULT_ENDPOINT, help=f"Chat Completions base URL (default: $QWEN_BASE_URL, $OPENAI_BASE_URL "
+                   f"or {DEFAULT_ENDPOINT})")
+    p.add_argument("--model", default=os.environ.get("QWEN_MODEL", DEFAULT_MODEL),
+                   help=f"served model name (default: $QWEN_MODEL or {DEFAULT_MODEL})")
+    p.add_argument("--key-env", default="QWEN_API_KEY", help="variable holding the API key (default QWEN_API_KEY)")
+    p.add_argument("--output", type=Path, default=Path("runs/qwen"), help="output directory (default runs/qwen)")
+    p.add_argument("--methods", nargs="+", default=["sprout", "restarts"], choices=benchmark.METHODS,
+                   help="methods to compare (default: sprout restarts)")
+    p.add_argument("--rounds", type=int, default=2, help="SPROUT rounds (default 2)")
+    p.add_argument("--branches", type=int, nargs="+", default=[4, 3], help="branches per round (default 4 3)")
+    p.add_argument("--step-limit", type=int, default=50, help="turns per attempt (default 50)")
+    p.add_argument("--workers", type=int, default=4, help="evaluations at once (default 4)")
+    p.add_argument("--tasks", nargs="+", metavar="NAME", help="only these tasks")
+    p.add_argument("--model-class", choices=["tools", "text"], default="tools",
+                   help="tools (default; needs the server's tool-call parser) or text")
+    p.add_argument("--runtime-bin", type=Path, default=REPO / "runtime" / "sprout-runtime",
+                   help="sprout-runtime for commands (default: runtime/sprout-runtime of this checkout)")
+    p.add_argument("--allow-dirty", action="store_true", help="allow uncommitted changes (recorded)")
+    args = p.parse_args(argv)
+    endpoint = args.endpoint.rstrip("/")
+    if args.key_env not in os.environ:
+        console.print(f"{args.key_env} is not set; using the placeholder key EMPTY (fine for a server without --api-key)")
+        os.environ[args.key_env] = "EMPTY"
+    probe(endpoint, args.model, os.environ[args.key_env])
+    tasks_dir = args.tasks_dir.expanduser()
+    if not tasks_dir.is_dir():
+        raise SproutError(f"no tasks directory {tasks_dir} (pass --tasks-dir or set SPROUT_TASKS_DIR)")
+    manifest_path = args.output / "prep.json"
+    manifest = prepare(tasks_dir, manifest_path, store=Store(runtime_bin=args.runtime_bin))
+    console.print(f"prepared {manifest.dataset.name}: digest {manifest.dataset.digest}, manifest {manifest_path}")
+    bench_argv = ["--tasks-dir", str(tasks_dir), "--output", str(args.output), "--methods", *args.methods,
+                  "--workers", str(args.workers), "--dataset-digest", manifest.dataset.digest,
+                  "--preparation-manifest", str(manifest_path), "--model", args.model, "--model-endpoint", endpoint,
+                  "--model-key-env", args.key_env, "--model-class", args.model_class, "--rounds", str(args.rounds),
+                  "--branches", *map(str, args.branches), "--step-limit", str(args.step_limit),
+                  "--runtime-bin", str(args.runtime_bin)]
+    bench_argv += ["--tasks", *args.tasks] if args.tasks else []
+    bench_argv += ["--allow-dirty"] if args.allow_dirty else []
+    return benchmark.main(bench_argv)
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,221 @@
+"""Running the method's plans for real: agent rollouts in the task's sandboxes, Harbor grading, reviews.
+
+Output layout (under `out`): attempts/<id>.jsonl (journals), verifier/<id>/ (Harbor's verifier files),
+reviews/<id>.json. Records passed in as `recorded` are replayed instead of rerun when they match the
+plan (that is resume); a journal left by an interrupted attempt is discarded (its sandbox and
+checkpoints removed) and the attempt rerun.
+
+Each attempt's sandbox is kept *stopped* after its rollout (no container, its disk ~ its last
+checkpoint) until `release()` removes it with its checkpoints: branches and grading sandboxes of its checkpoints inherit their
+limits (memory, cpus, network) from it, which the store reads from the sandbox's row.
+"""
+
+import asyncio
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from harbor.models.task.task import Task
+from harbor.models.trial.paths import TrialPaths
+
+from ..agent.journal import Journal, now, read_journal
+from ..agent.models import Endpoint
+from ..agent.runner import RolloutResult, RolloutSpec, TurnEvent, run_rollout
+from ..sandbox import Sandbox, Store
+from ..sandbox.errors import SandboxNotFound, SproutError
+from ..tasks import SproutEnvironment, TaskImage, grade
+from .records import AttemptPlan, AttemptRecord, ReviewRecord
+from .review import ReviewerConfig, ReviewInput, review
+from .trajectory import trajectory
+
+
+@dataclass
+class AgentConfig:
+    model: str
+    endpoint: Endpoint
+    model_class: str = "tools"
+    wall_time_s: int = 3600
+    command_timeout_s: int = 120
+
+
+class TaskExecutor:
+    def __init__(self, *, store: Store, task: Task, image: TaskImage, agent: AgentConfig,
+                 reviewer: ReviewerConfig | None, out: Path, recorded_attempts: Iterable[AttemptRecord] = (),
+                 recorded_reviews: Iterable[ReviewRecord] = (), on_record: Callable[[], None] = lambda: None,
+                 on_turn: Callable[[str, TurnEvent], None] | None = None, log: Callable[[str], None] = print):
+        self.store, self.task, self.image, self.agent, self.reviewer, self.out = store, task, image, agent, reviewer, out
+        self.attempts: list[AttemptRecord] = []  # in run order, replayed ones included
+        self.reviews: list[ReviewRecord] = []
+        self._recorded = {a.id: a for a in recorded_attempts}
+        self._recorded_reviews = {r.id: r for r in recorded_reviews}
+        self._journals: dict[str, Journal] = {}
+        self.on_record, self.on_turn, self.log = on_record, on_turn, log
+        self.cwd = task.config.environment.workdir or image.image.config.workdir or "/"
+
+    # ------------------------------------------------------------------ attempts
+    def attempt(self, plan: AttemptPlan) -> AttemptRecord:
+        recorded = self._recorded.get(plan.id)
+        if recorded is not None:
+            if AttemptPlan.model_validate(recorded.model_dump(include=set(AttemptPlan.model_fields))) != plan:
+                raise SproutError(f"{self.out}: the recorded attempt {plan.id} is not the one this run plans "
+                                  "(the output holds another run); pass --overwrite or choose another --output")
+            self.attempts.append(recorded)
+            return recorded
+        journal = self.out / "attempts" / f"{plan.id}.jsonl"
+        if journal.exists():
+            self.log(f"{plan.id}: discarding the journal of an interrupted run")
+            discard(self.store, journal)
+        self.log(_describe(plan))
+        started = now()
+        result = self._rollout(plan, journal)
+        outcome = result.outcome
+        if outcome.status == "error" and outcome.turns == 0:
+            raise SproutError(f"attempt {plan.id}: the agent stopped before its first turn: {outcome.message}")
+        trial_dir = self.out / "verifier" / plan.id
+        try:
+            graded = grade(self.store, self.store.checkpoint(outcome.final_checkpoint), self.task,
+                           trial_dir=trial_dir) if outcome.final_checkpoint else None
+        except SproutError as e:
+            graded, grade_error = None, str(e)
+        else:
+            grade_error = "no checkpoint to grade" if graded is None else graded.error
+        stdout = TrialPaths(trial_dir).test_stdout_path
+        record = AttemptRecord(
+            **plan.model_dump(), journal=str(journal.relative_to(self.out)), status=outcome.status,
+            exit_status=outcome.exit_status, message=outcome.message, first_turn=(plan.from_turn or 0) + 1,
+            turns=outcome.turns, tokens_in=outcome.tokens_in, tokens_out=outcome.tokens_out, wall_s=outcome.wall_s,
+            final_checkpoint=outcome.final_checkpoint, reward=graded.reward if graded else None,
+            rewards=graded.rewards if graded else {}, verdict=graded.verdict if graded else "error",
+            grade_error=grade_error, grade_s=round(graded.duration_s, 3) if graded else 0.0,
+            verifier_output=str(stdout.relative_to(self.out)) if stdout.exists() else None, started=started)
+        self.attempts.append(record)
+        self.on_record()
+        reward = "-" if record.reward is None else f"{record.reward:g}"
+        self.log(f"{plan.id}: {outcome.status} after {outcome.turns} turns, {record.tokens:,} tokens; "
+                 f"reward {reward} ({record.verdict}{': ' + grade_error if grade_error else ''})")
+        return record
+
+    def _rollout(self, plan: AttemptPlan, journal: Path) -> RolloutResult:
+        spec = RolloutSpec(task=self.task.instruction, model=self.agent.model, endpoint=self.agent.endpoint,
+                           journal=journal, image=self.image.reference, cwd=self.cwd,
+                           model_class=self.agent.model_class, step_limit=plan.step_limit,
+                           token_limit=plan.token_limit, wall_time_s=self.agent.wall_time_s,
+                           command_timeout_s=self.agent.command_timeout_s, keep_sandbox=True)
+        sandbox = None
+        if plan.from_turn:
+            parent = self._by_id()[plan.parent]
+            spec.from_journal, spec.from_turn, spec.note = self.out / parent.journal, plan.from_turn, plan.note
+        else:
+            if plan.note:
+                spec.task = f"{self.task.instruction.rstrip()}\n\n{plan.note}"
+            sandbox = self._start_sandbox(plan.id)
+        on_event = (lambda event: self.on_turn(plan.id, event)) if self.on_turn else None
+        try:
+            result = run_rollout(spec, self.store, on_event=on_event, sandbox=sandbox)
+        except BaseException:
+            _stop_sandbox_of(self.store, journal, sandbox)
+            raise
+        self.store.sandbox(result.sandbox_id).stop()
+        return result
+
+    def _start_sandbox(self, label: str) -> Sandbox:
+        """A sandbox of the task's image started as Harbor starts the agent's environment: the task's
+        limits and network mode, log directories, the environment upload and the healthcheck."""
+        with tempfile.TemporaryDirectory(prefix="sprout-attempt-") as tmp:
+            env = SproutEnvironment.for_task(self.task, TrialPaths(Path(tmp)), store=self.store,
+                                             session_id=f"{self.task.short_name}__attempt-{label}")
+
+            async def start() -> None:
+                try:
+                    await env.start(force_build=False)
+                    await env.run_healthcheck()
+                except BaseException:
+                    await env.stop(delete=True)
+                    raise
+
+            try:
+                asyncio.run(start())
+            except SproutError:
+                raise
+            except Exception as e:  # e.g. Harbor's HealthcheckError
+                raise SproutError(f"task {self.task.short_name}: its sandbox did not start: "
+                                  f"{type(e).__name__}: {e}") from None
+            return env.sandbox
+
+    # ------------------------------------------------------------------ reviews
+    def review(self, review_id: str, round_number: int, target: AttemptRecord, n: int,
+               attempts: Sequence[AttemptRecord]) -> ReviewRecord:
+        recorded = self._recorded_reviews.get(review_id)
+        if recorded is not None and recorded.reviewed == target.id:
+            self.reviews.append(recorded)
+            return recorded
+        if self.reviewer is None:
+            raise SproutError("this method has no reviewer")
+        by_id = {a.id: a for a in attempts}
+        inp = ReviewInput(instruction=self.task.instruction, steps=trajectory(target, by_id, self._journal),
+                          verifier_output=self._verifier_text(target), reward=target.reward, n=n,
+                          step_limit=target.step_limit)
+        self.log(f"{review_id}: reviewing {target.id} with {self.reviewer.model}")
+        record = review(self.reviewer, inp, review_id=review_id, round_number=round_number, reviewed=target.id)
+        path = self.out / "reviews" / f"{review_id}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(record.model_dump_json(indent=2))
+        self.reviews.append(record)
+        self.on_record()
+        chosen = ", ".join(f"turn {p.turn} ({p.reason})" for p in record.branch_points)
+        self.log(f"{review_id}: {'FALLBACK ' + record.fallback + '; ' if record.fallback else ''}branch from {chosen}")
+        return record
+
+    def _verifier_text(self, attempt: AttemptRecord) -> str:
+        text = (self.out / attempt.verifier_output).read_text(errors="replace") if attempt.verifier_output else ""
+        return text + (f"\n[grading error: {attempt.grade_error}]" if attempt.grade_error else "")
+
+    def _journal(self, attempt: AttemptRecord) -> Journal:
+        if attempt.id not in self._journals:
+            self._journals[attempt.id] = read_journal(self.out / attempt.journal)
+        return self._journals[attempt.id]
+
+    def _by_id(self) -> dict[str, AttemptRecord]:
+        return {a.id: a for a in self.attempts}
+
+
+def _describe(plan: AttemptPlan) -> str:
+    if plan.kind == "branch":
+        start = "the start" if plan.from_turn == 0 else f"turn {plan.from_turn} of {plan.parent}"
+        return f"{plan.id}: branch from {start} (review {plan.review}): {plan.reason}"
+    return f"{plan.id}: {'first attempt' if plan.kind == 'first' else 'fresh restart'} (step limit {plan.step_limit})"
+
+
+def _stop_sandbox_of(store: Store, journal: Path, sandbox: Sandbox | None) -> None:
+    """After a failed or interrupted rollout: stop its sandbox (known, or named in its journal's header)."""
+    try:
+        sandbox_id = sandbox.id if sandbox is not None else read_journal(journal).header.sandbox
+        store.sandbox(sandbox_id).stop()
+    except SproutError:
+        pass
+
+
+def discard(store: Store, journal: Path) -> None:
+    """Removes a journal with its sandbox and checkpoints."""
+    release(store, [journal])
+    journal.unlink(missing_ok=True)
+
+
+def release(store: Store, journals: Iterable[Path]) -> None:
+    """Removes the (stopped) sandboxes of these journals' attempts and their checkpoints."""
+    for path in journals:
+        try:
+            journal = read_journal(path)
+        except SproutError:
+            continue
+        try:
+            store.remove_sandbox(journal.header.sandbox, force=True)
+        except SandboxNotFound:
+            pass
+        for turn in journal.turns:
+            if turn.checkpoint:
+                try:
+                    store.remove_checkpoint(turn.checkpoint, force=True)
+                except SproutError:
+                    pass
