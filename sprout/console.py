@@ -10,7 +10,7 @@ from .sandbox.errors import SproutError
 
 # Piped output (logs, tests, CI) gets wide tables instead of ids wrapped at 80 columns.
 console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
-errors = Console(stderr=True, highlight=False)
+errors = Console(stderr=True, highlight=False, soft_wrap=True)  # one line per error, however long
 
 
 def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = None) -> None:
