@@ -88,10 +88,11 @@ def add_arguments(group, *, single_task: bool = True) -> list[argparse.Action]:
         help="run commands through this sprout-runtime (default: $SPROUT_RUNTIME_BIN, else podman exec)")
     add("--store", type=Path, help="btrfs store (default: $SPROUT_STORE or ~/sprout-btrfs)")
     add("--keep-checkpoints", action="store_true",
-        help="keep the attempts' checkpoints (and stopped sandboxes) after a finished evaluation")
+        help="keep the attempts' checkpoints after a finished evaluation (to branch from them later)")
     add("--allow-dirty", action="store_true",
         help="run from a checkout with uncommitted changes (development; recorded in the summary)")
-    add("--overwrite", action="store_true", help="replace an --output that holds a different run")
+    add("--overwrite", action="store_true",
+        help="start afresh: remove what --output holds (and its checkpoints) instead of resuming or refusing")
     add("--quiet", action="store_true", help="no per-turn lines")
     return actions
 
@@ -206,14 +207,15 @@ def evaluate(args: argparse.Namespace) -> EvaluationSummary:
 
 
 def _open_output(out: Path, config: EvaluationConfig, store: Store, *, overwrite: bool) -> EvaluationSummary | None:
-    """The previous summary of the same run (to resume), None for a fresh output; refuses a different run."""
+    """The previous summary of the same run (to resume), None for a fresh output (emptied first with
+    `overwrite`); refuses a different run."""
     if not out.exists() or not any(out.iterdir()):
         return None
     try:
         previous = read_summary(out) if (out / SUMMARY).exists() else None
     except SproutError:
         previous = None
-    if previous is not None and previous.config_hash == config.digest():
+    if previous is not None and previous.config_hash == config.digest() and not overwrite:
         return previous
     if not overwrite:
         if previous is None:

@@ -2,12 +2,10 @@
 
 Output layout (under `out`): attempts/<id>.jsonl (journals), verifier/<id>/ (Harbor's verifier files),
 reviews/<id>.json. Records passed in as `recorded` are replayed instead of rerun when they match the
-plan (that is resume); a journal left by an interrupted attempt is discarded (its sandbox and
-checkpoints removed) and the attempt rerun.
-
-Each attempt's sandbox is kept *stopped* after its rollout (no container, its disk ~ its last
-checkpoint) until `release()` removes it with its checkpoints: branches and grading sandboxes of its checkpoints inherit their
-limits (memory, cpus, network) from it, which the store reads from the sandbox's row.
+plan (that is resume); a journal left by an interrupted attempt is discarded (its sandbox, if a killed
+run left it, and its checkpoints removed) and the attempt rerun. An attempt's sandbox goes when its
+rollout ends; its checkpoints (which keep the task's limits for branches and grading) stay until
+`release()`.
 """
 
 import asyncio
@@ -101,7 +99,7 @@ class TaskExecutor:
                            journal=journal, image=self.image.reference, cwd=self.cwd,
                            model_class=self.agent.model_class, step_limit=plan.step_limit,
                            token_limit=plan.token_limit, wall_time_s=self.agent.wall_time_s,
-                           command_timeout_s=self.agent.command_timeout_s, keep_sandbox=True)
+                           command_timeout_s=self.agent.command_timeout_s)
         sandbox = None
         if plan.from_turn:
             parent = self._by_id()[plan.parent]
@@ -111,13 +109,7 @@ class TaskExecutor:
                 spec.task = f"{self.task.instruction.rstrip()}\n\n{plan.note}"
             sandbox = self._start_sandbox(plan.id)
         on_event = (lambda event: self.on_turn(plan.id, event)) if self.on_turn else None
-        try:
-            result = run_rollout(spec, self.store, on_event=on_event, sandbox=sandbox)
-        except BaseException:
-            _stop_sandbox_of(self.store, journal, sandbox)
-            raise
-        self.store.sandbox(result.sandbox_id).stop()
-        return result
+        return run_rollout(spec, self.store, on_event=on_event, sandbox=sandbox)
 
     def _start_sandbox(self, label: str) -> Sandbox:
         """A sandbox of the task's image started as Harbor starts the agent's environment: the task's
@@ -187,15 +179,6 @@ def _describe(plan: AttemptPlan) -> str:
     return f"{plan.id}: {'first attempt' if plan.kind == 'first' else 'fresh restart'} (step limit {plan.step_limit})"
 
 
-def _stop_sandbox_of(store: Store, journal: Path, sandbox: Sandbox | None) -> None:
-    """After a failed or interrupted rollout: stop its sandbox (known, or named in its journal's header)."""
-    try:
-        sandbox_id = sandbox.id if sandbox is not None else read_journal(journal).header.sandbox
-        store.sandbox(sandbox_id).stop()
-    except SproutError:
-        pass
-
-
 def discard(store: Store, journal: Path) -> None:
     """Removes a journal with its sandbox and checkpoints."""
     release(store, [journal])
@@ -203,7 +186,7 @@ def discard(store: Store, journal: Path) -> None:
 
 
 def release(store: Store, journals: Iterable[Path]) -> None:
-    """Removes the (stopped) sandboxes of these journals' attempts and their checkpoints."""
+    """Removes these journals' checkpoints (and a sandbox a killed run left running)."""
     for path in journals:
         try:
             journal = read_journal(path)

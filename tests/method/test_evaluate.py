@@ -146,6 +146,11 @@ def test_restarts_get_sprouts_budget(dataset, outputs, tmp_path):
     assert [(a.id, a.kind, a.turns, a.status) for a in summary.attempts] == [
         ("a1", "first", 3, "limits_exceeded"), ("a2", "restart", 3, "limits_exceeded")]
     assert summary.totals.turns == 6 and summary.status == "unsolved" and summary.reviews == []
+    with ScriptedModelServer(never * 2) as agent:  # --overwrite starts afresh even for the same run
+        again = run_module("sprout.eval.evaluate", *evaluate_args(
+            dataset, out, agent.base_url, "--step-limit", "3", "--overwrite", method="restarts"))
+        assert again.returncode == 0 and len(agent.requests) == 6
+    assert read_summary(out).sessions == 1 and read_summary(out).started > summary.started
 
 
 def test_dirty_checkout_is_refused_unless_allowed(tmp_path, monkeypatch, capsys):
