@@ -18,6 +18,7 @@ from .podman import PODMAN
 DEFAULT_MAX_OUTPUT = 1 << 20
 EXEC_MARKER = "SPROUT_EXEC_ID"  # set on podman-exec commands so their processes can be found and killed
 TIMEOUT_EXIT_CODE = 124
+KILL_ROUNDS = 5  # rescans when killing marked processes: one may fork while being killed
 EXIT_GRACE_S = 0.05  # output still buffered when the command exits is read within this
 
 
@@ -119,24 +120,37 @@ def run_via_runtime(runtime_bin: Path, profile: Path, argv: list[str], cwd: str,
     return ExecResult(output, status["exit_code"], time.monotonic() - started, status["timed_out"], truncated)
 
 
-def _kill_marked(cgroup_procs: list[str], marker: str) -> int:
-    """SIGKILLs every process of the sandbox whose environment carries the exec marker."""
-    needle = f"{EXEC_MARKER}={marker}".encode()
+def kill_marked(marker: str, key: str = EXEC_MARKER, cgroup_procs: list[str] | None = None) -> int:
+    """SIGKILLs every process whose environment carries `key=marker` (among the sandbox's processes when
+    `cgroup_procs` is given, else all of /proc), rescanning while a process may still be forking;
+    returns how many it killed."""
+    needle = f"{key}={marker}".encode()
+    killed: set[int] = set()
+    for _ in range(KILL_ROUNDS):
+        found = 0
+        for pid in _candidate_pids(cgroup_procs) - killed:
+            try:
+                if needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                    os.kill(pid, 9)
+                    killed.add(pid)
+                    found += 1
+            except OSError:
+                continue
+        if not found:
+            break
+    return len(killed)
+
+
+def _candidate_pids(cgroup_procs: list[str] | None) -> set[int]:
+    if cgroup_procs is None:
+        return {int(entry) for entry in os.listdir("/proc") if entry.isdigit()}
     pids: set[int] = set()
     for procs in cgroup_procs:
         try:
             pids.update(int(p) for p in Path(procs).read_text().split())
         except OSError:
             continue
-    killed = 0
-    for pid in pids:
-        try:
-            if needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-                os.kill(pid, 9)
-                killed += 1
-        except (OSError, ProcessLookupError):
-            continue
-    return killed
+    return pids
 
 
 def run_via_podman(container: str, cgroup_procs: list[str], argv: list[str], cwd: str, user: str,
@@ -154,10 +168,10 @@ def run_via_podman(container: str, cgroup_procs: list[str], argv: list[str], cwd
     try:
         reader, timed_out = _drain(proc, max_output, deadline)
         if timed_out:
-            _kill_marked(cgroup_procs, marker)
+            kill_marked(marker, cgroup_procs=cgroup_procs)
         proc.wait()
     except BaseException:
-        _kill_marked(cgroup_procs, marker)
+        kill_marked(marker, cgroup_procs=cgroup_procs)
         proc.kill()
         proc.wait()
         raise
