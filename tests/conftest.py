@@ -1,6 +1,7 @@
 """Shared fixtures: a real btrfs store and real podman (set up by ops/setup_podman.sh)."""
 
 import os
+import subprocess
 
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -33,3 +34,19 @@ def store(request, base_store: Store):
     for sandbox in st.sandboxes():
         if sandbox.id not in before:
             sandbox.destroy()
+
+
+@pytest.fixture
+def other_store(tmp_path):
+    """A second btrfs filesystem (its own loop file), as another host's store would be."""
+    image, mount = tmp_path / "other.img", tmp_path / "other"
+    subprocess.run(["truncate", "-s", "3G", str(image)], check=True)
+    subprocess.run(["mkfs.btrfs", "-q", str(image)], check=True, capture_output=True)
+    mount.mkdir()
+    subprocess.run(["mount", "-o", "loop", str(image), str(mount)], check=True)
+    store = Store(mount, runtime_bin=RUNTIME_BIN)
+    yield store
+    for sandbox in store.sandboxes():
+        sandbox.destroy()
+    store.meta.close()
+    subprocess.run(["umount", str(mount)], check=True)

@@ -8,6 +8,7 @@ a truncated last line instead of failing on it.
 
 import json
 import os
+import socket
 import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
@@ -63,6 +64,7 @@ class Header(BaseModel):
     limits: Limits
     started: datetime = Field(default_factory=now)
     store: str
+    host: str | None = Field(default_factory=socket.gethostname)  # where the store is
     sandbox: str
     parent: ParentRef | None = None
     first_turn: int = 1

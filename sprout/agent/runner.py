@@ -16,7 +16,7 @@ from minisweagent.agents.default import DefaultAgent
 from minisweagent.exceptions import LimitsExceeded
 
 from ..sandbox import Sandbox, Store
-from ..sandbox.errors import SproutError
+from ..sandbox.errors import CheckpointNotFound, SproutError
 from .environment import SproutEnvironment
 from .journal import (OBSERVATION_CAP, Header, JournalWriter, Limits, Outcome, ParentRef, Turn,
                       read_journal)
@@ -154,10 +154,12 @@ def run_rollout(spec: RolloutSpec, store: Store, on_event: Callable[[TurnEvent],
         turn = parent_journal.turn(spec.from_turn)
         if turn.checkpoint is None:
             raise SproutError(f"turn {turn.turn} of {spec.from_journal} has no checkpoint")
-        if Path(parent_journal.header.store) != store.root:
-            raise SproutError(f"turn {turn.turn}'s checkpoint lives in the store {parent_journal.header.store}, "
-                              f"not in {store.root}; set SPROUT_STORE={parent_journal.header.store}")
-        checkpoint = store.checkpoint(turn.checkpoint)
+        try:
+            checkpoint = store.checkpoint(turn.checkpoint)
+        except CheckpointNotFound:
+            raise SproutError(f"turn {turn.turn}'s checkpoint {turn.checkpoint} is not in the store {store.root} "
+                              f"(it was made in {parent_journal.header.store} on {parent_journal.header.host}); "
+                              "use that store, or ship the checkpoint here (sprout.sandbox.ship)") from None
         sandbox = checkpoint.branch(label=f"branch of {turn.checkpoint}")
         prefix = resume_messages(parent_journal.messages_up_to(turn.turn), model, spec.note)
         n_calls, first_turn = turn.n_calls, turn.turn + 1

@@ -11,7 +11,9 @@ SPROUT's budget (see sprout.method.budget). `single`: one attempt.
 
 Refused: --dataset-digest other than the tasks directory's Harbor digest, a manifest that does not
 list the task with its digest, uncommitted changes in Sprout's checkout (unless --allow-dirty), and
-an --output that holds a different run (unless --overwrite). The same run into the same --output
+an --output that holds a different run (unless --overwrite). With SPROUT_RUNSTORE_URL and
+SPROUT_RUNSTORE_TOKEN set (`eval "$(python -m sprout.services env)"`), rollouts, grades and reviews run
+as Run Store jobs on its workers; otherwise in this process. Both give the same summary. The same run into the same --output
 resumes: finished attempts and reviews are kept, interrupted ones are rerun. Output: summary.json,
 attempts/<id>.jsonl, reviews/<id>.json, verifier/<id>/; view it with `python -m ops.report task OUT`.
 """
@@ -20,6 +22,7 @@ import argparse
 import os
 import shutil
 import time
+import uuid
 from pathlib import Path
 
 from ..agent.journal import now
@@ -27,6 +30,7 @@ from ..agent.models import Endpoint
 from ..agent.runner import TurnEvent
 from ..console import console, errors, run_cli
 from ..method.budget import equal_budget
+from ..method.backend import LocalBackend
 from ..method.executor import AgentConfig, TaskExecutor, release
 from ..method.review import ReviewerConfig
 from ..method.search import MethodConfig, run_method
@@ -34,6 +38,7 @@ from ..sandbox import Store
 from ..sandbox.errors import SproutError
 from ..tasks import ensure_image, load_task
 from .provenance import check_pinning, check_source
+from .remote import RunStoreBackend, configured_client
 from .summary import SUMMARY, EvaluationConfig, EvaluationSummary, ImageInfo, read_summary, write_summary
 
 DEFAULTS = {"rounds": 2, "branches": [4, 3], "step_limit": 50, "token_limit": 2_000_000, "command_timeout": 120,
@@ -93,6 +98,9 @@ def add_arguments(group, *, single_task: bool = True) -> list[argparse.Action]:
         help="run from a checkout with uncommitted changes (development; recorded in the summary)")
     add("--overwrite", action="store_true",
         help="start afresh: remove what --output holds (and its checkpoints) instead of resuming or refusing")
+    add("--affinity-timeout", type=float, default=60.0,
+        help="over a Run Store: seconds a branch or grade waits for the host holding its checkpoint before "
+             "any worker takes it and ships the checkpoint (default 60)")
     add("--quiet", action="store_true", help="no per-turn lines")
     return actions
 
@@ -170,10 +178,18 @@ def evaluate(args: argparse.Namespace) -> EvaluationSummary:
         summary.wall_s = round(base_wall + time.monotonic() - session_start, 3)
         write_summary(args.output, summary)
 
+    client = configured_client()
+    if client is None:
+        backend = LocalBackend(store, task)
+    else:
+        backend = RunStoreBackend(client, task_dir=args.task_dir, group_id=f"eval-{pinning.task}-{uuid.uuid4().hex[:8]}",
+                                  affinity_timeout_s=args.affinity_timeout)
+        summary.runstore = client.url
+        console.print(f"  running as Run Store jobs at {client.url} (group {backend.group_id})", markup=False)
     reviewer = ReviewerConfig(model=config.review_model, endpoint=review_endpoint, retries=args.review_retries,
                               seed=args.seed) if review_endpoint else None
     executor = TaskExecutor(
-        store=store, task=task, image=image, reviewer=reviewer, out=args.output,
+        store=store, backend=backend, task=task, image=image, reviewer=reviewer, out=args.output,
         agent=AgentConfig(model=args.model, endpoint=endpoint, model_class=args.model_class, wall_time_s=wall_time,
                           command_timeout_s=args.command_timeout),
         recorded_attempts=previous.attempts if previous else (), recorded_reviews=previous.reviews if previous else (),

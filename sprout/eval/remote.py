@@ -2,17 +2,32 @@
 
 `services env` exports SPROUT_RUNSTORE_URL and SPROUT_RUNSTORE_TOKEN; with both set, gate and
 evaluation submit their work as jobs (kinds gate, rollout, grade, review) and wait for the results,
-which workers compute with the same code the in-process path runs, so both give the same summary.
-Paths in payloads must be visible to the workers (same host, or a shared filesystem).
+which workers compute with the same functions the in-process path calls, so both give the same
+summary. A branch or a grade prefers the host that holds its checkpoint; once it has waited
+`affinity_timeout_s` there, any worker may take it and ships the checkpoint first. Paths in payloads
+(task directories, journals, verifier files) must be visible to the workers: same host, or a shared
+filesystem.
 """
 
 import os
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from pydantic import TypeAdapter
+
+from ..agent.journal import Outcome, read_journal
+from ..agent.runner import TurnEvent
+from ..method.backend import RolloutDone, RolloutRequest
+from ..method.records import ReviewRecord
+from ..method.review import ReviewerConfig, ReviewInput
 from ..sandbox.errors import SproutError
+from ..tasks import GradeResult
 
 TERMINAL = ("succeeded", "failed", "cancelled")
+REVIEWER = TypeAdapter(ReviewerConfig)
+REVIEW_INPUT = TypeAdapter(ReviewInput)
 
 
 def configured_client():
@@ -25,16 +40,88 @@ def configured_client():
 
 
 def run_job(client, kind: str, payload: dict[str, Any], *, group_id: str, poll_s: float = 0.5,
-            timeout_s: float | None = None) -> Any:
-    """Submits one job and waits for its result; a failed or cancelled job raises SproutError."""
-    job = client.submit(kind, payload, group_id=group_id)
+            timeout_s: float | None = None, on_poll: Callable[[], None] | None = None, **opts: Any) -> Any:
+    """Submits one job (`opts`: JobSpec fields such as host) and waits for its result; a failed or
+    cancelled job raises SproutError. Interrupted while waiting, it cancels the job."""
+    job = client.submit(kind, payload, group_id=group_id, **opts)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    while job.state not in TERMINAL:
-        if deadline is not None and time.monotonic() > deadline:
-            raise SproutError(f"{kind} job {job.id} did not finish in {timeout_s:g}s (state {job.state})")
-        time.sleep(poll_s)
-        job = client.get(job.id)
+    try:
+        while job.state not in TERMINAL:
+            if deadline is not None and time.monotonic() > deadline:
+                raise SproutError(f"{kind} job {job.id} did not finish in {timeout_s:g}s (state {job.state})")
+            time.sleep(poll_s)
+            job = client.get(job.id)
+            if on_poll is not None:
+                on_poll()
+    except BaseException:
+        if job.state not in TERMINAL:
+            try:
+                client.cancel(job.id)
+            except Exception:  # the job may have just finished, or the API is gone
+                pass
+        raise
     if job.state != "succeeded":
         error = (job.error or "").strip().splitlines()
         raise SproutError(f"{kind} job {job.id} {job.state}: {error[0] if error else 'no error recorded'}")
     return job.result
+
+
+class RunStoreBackend:
+    """The method's rollouts, grades and reviews as Run Store jobs (sprout.runstore.handlers runs them)."""
+
+    def __init__(self, client, *, task_dir: Path, group_id: str, affinity_timeout_s: float = 60.0):
+        self.client, self.task_dir, self.group_id = client, task_dir.resolve(), group_id
+        self.affinity_timeout_s = affinity_timeout_s
+
+    def _affinity(self, host: str | None) -> dict[str, Any]:
+        return {"host": host, "affinity_timeout_s": self.affinity_timeout_s} if host else {}
+
+    def rollout(self, request: RolloutRequest, on_turn: Callable[[TurnEvent], None] | None) -> RolloutDone:
+        spec = request.spec
+        journal = spec.journal.resolve()
+        options: dict[str, Any] = {
+            "endpoint": spec.endpoint.url, "key_env": spec.endpoint.key_env, "journal": str(journal),
+            "cwd": spec.cwd, "model_class": spec.model_class, "step_limit": spec.step_limit,
+            "token_limit": spec.token_limit, "wall_time_s": spec.wall_time_s,
+            "command_timeout_s": spec.command_timeout_s, "label": request.attempt}
+        if spec.from_journal is not None:
+            options["from_journal"] = str(spec.from_journal.resolve())
+        else:
+            options["task_dir"] = str(self.task_dir)
+        payload = {"task": spec.task, "image": spec.image, "model": spec.model, "from_checkpoint": request.checkpoint,
+                   "turn": spec.from_turn, "note": spec.note, "options": options}
+        follow = _TurnFollower(journal, on_turn) if on_turn else None
+        result = run_job(self.client, "rollout", payload, group_id=self.group_id, on_poll=follow,
+                         **self._affinity(request.host))
+        if follow is not None:
+            follow()
+        return RolloutDone(Outcome.model_validate(result["outcome"]), result["host"])
+
+    def grade(self, checkpoint: str, host: str | None, trial_dir: Path) -> GradeResult:
+        payload = {"checkpoint_id": checkpoint, "task_dir": str(self.task_dir), "trial_dir": str(trial_dir.resolve())}
+        result = run_job(self.client, "grade", payload, group_id=self.group_id, **self._affinity(host))
+        return GradeResult.model_validate(result)
+
+    def review(self, config: ReviewerConfig, inp: ReviewInput, *, review_id: str, round_number: int,
+               reviewed: str) -> ReviewRecord:
+        payload = {"reviewer": REVIEWER.dump_python(config, mode="json"),
+                   "input": REVIEW_INPUT.dump_python(inp, mode="json"),
+                   "review_id": review_id, "round": round_number, "reviewed": reviewed}
+        return ReviewRecord.model_validate(run_job(self.client, "review", payload, group_id=self.group_id))
+
+
+class _TurnFollower:
+    """Calls `on_turn` for each turn a worker has added to a journal since the last call."""
+
+    def __init__(self, journal: Path, on_turn: Callable[[TurnEvent], None]):
+        self.journal, self.on_turn, self.seen, self.tokens = journal, on_turn, 0, 0
+
+    def __call__(self) -> None:
+        try:
+            turns = read_journal(self.journal).turns if self.journal.exists() else []
+        except SproutError:  # a line being written
+            return
+        for turn in turns[self.seen:]:
+            self.tokens += turn.tokens_in + turn.tokens_out
+            self.on_turn(TurnEvent(turn, self.tokens))
+        self.seen = max(self.seen, len(turns))

@@ -79,6 +79,7 @@ class EvaluationSummary(BaseModel):
     image: ImageInfo
     endpoint_host: str
     review_endpoint_host: str | None
+    runstore: str | None = None  # the Run Store whose workers ran the attempts (None: in-process)
     sprout_version: str = __version__
     status: Status = "running"
     error: str | None = None

@@ -1,4 +1,5 @@
-"""Running the method's plans for real: agent rollouts in the task's sandboxes, Harbor grading, reviews.
+"""Running the method's plans for real: agent rollouts in the task's sandboxes, Harbor grading, reviews,
+through a backend (in this process, or Run Store jobs; see sprout.method.backend).
 
 Output layout (under `out`): attempts/<id>.jsonl (journals), verifier/<id>/ (Harbor's verifier files),
 reviews/<id>.json. Records passed in as `recorded` are replayed instead of rerun when they match the
@@ -8,8 +9,6 @@ rollout ends; its checkpoints (which keep the task's limits for branches and gra
 `release()`.
 """
 
-import asyncio
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,12 +18,13 @@ from harbor.models.trial.paths import TrialPaths
 
 from ..agent.journal import Journal, now, read_journal
 from ..agent.models import Endpoint
-from ..agent.runner import RolloutResult, RolloutSpec, TurnEvent, run_rollout
-from ..sandbox import Sandbox, Store
+from ..agent.runner import RolloutSpec, TurnEvent
+from ..sandbox import Store
 from ..sandbox.errors import SandboxNotFound, SproutError
-from ..tasks import SproutEnvironment, TaskImage, grade
+from ..tasks import TaskImage
+from .backend import Backend, RolloutDone, RolloutRequest
 from .records import AttemptPlan, AttemptRecord, ReviewRecord
-from .review import ReviewerConfig, ReviewInput, review
+from .review import ReviewerConfig, ReviewInput
 from .trajectory import trajectory
 
 
@@ -38,11 +38,12 @@ class AgentConfig:
 
 
 class TaskExecutor:
-    def __init__(self, *, store: Store, task: Task, image: TaskImage, agent: AgentConfig,
+    def __init__(self, *, store: Store, backend: Backend, task: Task, image: TaskImage, agent: AgentConfig,
                  reviewer: ReviewerConfig | None, out: Path, recorded_attempts: Iterable[AttemptRecord] = (),
                  recorded_reviews: Iterable[ReviewRecord] = (), on_record: Callable[[], None] = lambda: None,
                  on_turn: Callable[[str, TurnEvent], None] | None = None, log: Callable[[str], None] = print):
-        self.store, self.task, self.image, self.agent, self.reviewer, self.out = store, task, image, agent, reviewer, out
+        self.store, self.backend, self.task, self.image = store, backend, task, image
+        self.agent, self.reviewer, self.out = agent, reviewer, out
         self.attempts: list[AttemptRecord] = []  # in run order, replayed ones included
         self.reviews: list[ReviewRecord] = []
         self._recorded = {a.id: a for a in recorded_attempts}
@@ -66,14 +67,14 @@ class TaskExecutor:
             discard(self.store, journal)
         self.log(_describe(plan))
         started = now()
-        result = self._rollout(plan, journal)
-        outcome = result.outcome
+        done = self._rollout(plan, journal)
+        outcome = done.outcome
         if outcome.status == "error" and outcome.turns == 0:
             raise SproutError(f"attempt {plan.id}: the agent stopped before its first turn: {outcome.message}")
         trial_dir = self.out / "verifier" / plan.id
         try:
-            graded = grade(self.store, self.store.checkpoint(outcome.final_checkpoint), self.task,
-                           trial_dir=trial_dir) if outcome.final_checkpoint else None
+            graded = (self.backend.grade(outcome.final_checkpoint, done.host, trial_dir)
+                      if outcome.final_checkpoint else None)
         except SproutError as e:
             graded, grade_error = None, str(e)
         else:
@@ -86,7 +87,8 @@ class TaskExecutor:
             final_checkpoint=outcome.final_checkpoint, reward=graded.reward if graded else None,
             rewards=graded.rewards if graded else {}, verdict=graded.verdict if graded else "error",
             grade_error=grade_error, grade_s=round(graded.duration_s, 3) if graded else 0.0,
-            verifier_output=str(stdout.relative_to(self.out)) if stdout.exists() else None, started=started)
+            verifier_output=str(stdout.relative_to(self.out)) if stdout.exists() else None, host=done.host,
+            started=started)
         self.attempts.append(record)
         self.on_record()
         reward = "-" if record.reward is None else f"{record.reward:g}"
@@ -94,46 +96,21 @@ class TaskExecutor:
                  f"reward {reward} ({record.verdict}{': ' + grade_error if grade_error else ''})")
         return record
 
-    def _rollout(self, plan: AttemptPlan, journal: Path) -> RolloutResult:
+    def _rollout(self, plan: AttemptPlan, journal: Path) -> RolloutDone:
         spec = RolloutSpec(task=self.task.instruction, model=self.agent.model, endpoint=self.agent.endpoint,
                            journal=journal, image=self.image.reference, cwd=self.cwd,
                            model_class=self.agent.model_class, step_limit=plan.step_limit,
                            token_limit=plan.token_limit, wall_time_s=self.agent.wall_time_s,
                            command_timeout_s=self.agent.command_timeout_s)
-        sandbox = None
+        request = RolloutRequest(plan.id, spec)
         if plan.from_turn:
             parent = self._by_id()[plan.parent]
             spec.from_journal, spec.from_turn, spec.note = self.out / parent.journal, plan.from_turn, plan.note
-        else:
-            if plan.note:
-                spec.task = f"{self.task.instruction.rstrip()}\n\n{plan.note}"
-            sandbox = self._start_sandbox(plan.id)
+            request.host, request.checkpoint = parent.host, self._journal(parent).turn(plan.from_turn).checkpoint
+        elif plan.note:
+            spec.task = f"{self.task.instruction.rstrip()}\n\n{plan.note}"
         on_event = (lambda event: self.on_turn(plan.id, event)) if self.on_turn else None
-        return run_rollout(spec, self.store, on_event=on_event, sandbox=sandbox)
-
-    def _start_sandbox(self, label: str) -> Sandbox:
-        """A sandbox of the task's image started as Harbor starts the agent's environment: the task's
-        limits and network mode, log directories, the environment upload and the healthcheck."""
-        with tempfile.TemporaryDirectory(prefix="sprout-attempt-") as tmp:
-            env = SproutEnvironment.for_task(self.task, TrialPaths(Path(tmp)), store=self.store,
-                                             session_id=f"{self.task.short_name}__attempt-{label}")
-
-            async def start() -> None:
-                try:
-                    await env.start(force_build=False)
-                    await env.run_healthcheck()
-                except BaseException:
-                    await env.stop(delete=True)
-                    raise
-
-            try:
-                asyncio.run(start())
-            except SproutError:
-                raise
-            except Exception as e:  # e.g. Harbor's HealthcheckError
-                raise SproutError(f"task {self.task.short_name}: its sandbox did not start: "
-                                  f"{type(e).__name__}: {e}") from None
-            return env.sandbox
+        return self.backend.rollout(request, on_event)
 
     # ------------------------------------------------------------------ reviews
     def review(self, review_id: str, round_number: int, target: AttemptRecord, n: int,
@@ -149,7 +126,8 @@ class TaskExecutor:
                           verifier_output=self._verifier_text(target), reward=target.reward, n=n,
                           step_limit=target.step_limit)
         self.log(f"{review_id}: reviewing {target.id} with {self.reviewer.model}")
-        record = review(self.reviewer, inp, review_id=review_id, round_number=round_number, reviewed=target.id)
+        record = self.backend.review(self.reviewer, inp, review_id=review_id, round_number=round_number,
+                                     reviewed=target.id)
         path = self.out / "reviews" / f"{review_id}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(record.model_dump_json(indent=2))

@@ -87,6 +87,7 @@ class AttemptRecord(AttemptPlan):
     grade_error: str | None = None
     grade_s: float = 0.0
     verifier_output: str | None = None  # relative path of test-stdout.txt
+    host: str | None = None  # where its checkpoints are (the worker's host over a Run Store)
     started: datetime
     finished: datetime = Field(default_factory=now)
 

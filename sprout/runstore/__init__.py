@@ -12,6 +12,7 @@ their modules.
 from .errors import (
     ApiError,
     Forbidden,
+    HostNotFound,
     InvalidPayload,
     InvalidTransition,
     JobNotFound,
@@ -22,7 +23,7 @@ from .errors import (
     UnknownKind,
 )
 from .kinds import register_kind, registered_kinds
-from .models import Claim, Event, EventType, Job, JobPage, JobSpec, JobState
+from .models import Claim, Event, EventType, Host, Job, JobPage, JobSpec, JobState
 
 __all__ = [
     "ApiError",
@@ -30,6 +31,8 @@ __all__ = [
     "Event",
     "EventType",
     "Forbidden",
+    "Host",
+    "HostNotFound",
     "InvalidPayload",
     "InvalidTransition",
     "Job",

@@ -22,7 +22,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from . import sse
 from .auth import Scope, TokensFileError, TokenTable, load_tokens
-from .errors import Forbidden, RunStoreError, StoreOpenError, Unauthorized
+from .errors import Forbidden, HostNotFound, RunStoreError, StoreOpenError, Unauthorized
 from .models import (
     Claim,
     ClaimRequest,
@@ -30,6 +30,8 @@ from .models import (
     Event,
     FailRequest,
     HeartbeatRequest,
+    Host,
+    HostRequest,
     Job,
     JobPage,
     JobSpec,
@@ -205,6 +207,18 @@ def create_app(store: RunStore, tokens: TokenTable | Mapping[str, str], *, poll_
     @app.post("/v1/jobs/{job_id}/release", dependencies=worker, tags=["worker"])
     async def release(job_id: int, req: LeaseRequest) -> Job:
         return await call(store.release, job_id, req.lease_token)
+
+    @app.put("/v1/hosts/{name}", dependencies=worker, tags=["worker"])
+    async def register_host(name: str, req: HostRequest) -> Host:
+        """A worker says it runs on ``name`` and where it serves that host's checkpoints."""
+        return await call(store.register_host, name, req.ship_url, changed=False)
+
+    @app.get("/v1/hosts/{name}", dependencies=worker, tags=["worker"])
+    async def get_host(name: str) -> Host:
+        host = await call(store.host, name, changed=False)
+        if host is None:
+            raise HostNotFound(f"no worker has registered host {name!r}")
+        return host
 
     return app
 

@@ -27,6 +27,8 @@ from .models import (
     Event,
     FailRequest,
     HeartbeatRequest,
+    Host,
+    HostRequest,
     Job,
     JobPage,
     JobSpec,
@@ -194,6 +196,14 @@ class RunStoreClient:
 
     def release(self, job_id: int, lease_token: int) -> Job:
         return self._lease_call(job_id, "release", LeaseRequest(lease_token=lease_token))
+
+    def register_host(self, name: str, ship_url: str | None) -> Host:
+        body = HostRequest(ship_url=ship_url).model_dump(mode="json")
+        return Host.model_validate(self._request("PUT", f"/v1/hosts/{name}", json=body))
+
+    def host(self, name: str) -> Host:
+        """The host a worker registered (raises HostNotFound)."""
+        return Host.model_validate(self._request("GET", f"/v1/hosts/{name}"))
 
     def list(
         self,

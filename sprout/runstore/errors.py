@@ -29,6 +29,12 @@ class JobNotFound(RunStoreError):
     status = 404
 
 
+class HostNotFound(RunStoreError):
+    """No worker has registered that host."""
+
+    status = 404
+
+
 class LeaseLost(RunStoreError):
     """The lease named by (job, lease_token) is not current: expired, stolen or ended."""
 
@@ -59,6 +65,7 @@ ERRORS_BY_NAME: dict[str, type[RunStoreError]] = {
         UnknownKind,
         InvalidPayload,
         JobNotFound,
+        HostNotFound,
         LeaseLost,
         InvalidTransition,
         Unauthorized,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import InvalidPayload, UnknownKind
 
@@ -36,13 +36,18 @@ class GradePayload(Payload):
 
     checkpoint_id: str
     task_dir: str
+    trial_dir: str | None = None  # where the verifier's files go (default: a temporary directory)
 
 
 class ReviewPayload(Payload):
-    """Review a rollout's journal together with the verifier's output."""
+    """Review a failed trajectory (sprout.method.review): the reviewer's ReviewerConfig and the
+    ReviewInput (instruction, steps, verifier output), as JSON."""
 
-    journal: str
-    verifier_output: str | None = None
+    reviewer: dict[str, Any]
+    input: dict[str, Any]
+    review_id: str
+    round: int = Field(ge=1)
+    reviewed: str
 
 
 class GatePayload(Payload):

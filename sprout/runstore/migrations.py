@@ -80,6 +80,17 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE jobs ADD COLUMN lease_host TEXT",
         ),
     ),
+    Migration(
+        3,
+        "hosts",
+        (
+            """CREATE TABLE hosts (
+                name TEXT PRIMARY KEY,
+                ship_url TEXT,
+                seen_at DOUBLE PRECISION NOT NULL
+            )""",
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -96,6 +96,20 @@ class Claim(BaseModel):
     ship_from: str | None = None
 
 
+class Host(BaseModel):
+    """A worker host; ``ship_url`` is where it serves its checkpoints to other hosts (None: it does not)."""
+
+    name: str
+    ship_url: str | None
+    seen_at: datetime
+
+
+class HostRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ship_url: str | None = Field(None, max_length=500)
+
+
 class Event(BaseModel):
     """One entry of the append-only event log; ``seq`` orders the events of a group."""
 

@@ -28,6 +28,7 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
+    text,
     true,
     update,
 )
@@ -225,4 +226,11 @@ PG_CLAIM_ANY = _with_events(CLAIM_ANY, EventType.LEASED, _leased_data)
 PG_CLAIM_KINDS = _with_events(CLAIM_KINDS, EventType.LEASED, _leased_data)
 PG_COMPLETE = _with_events(
     COMPLETE, EventType.SUCCEEDED, lambda done: [literal("worker_id", Text), done.c.lease_owner]
+)
+
+
+# Both engines: INSERT ... ON CONFLICT DO UPDATE (SQLite >= 3.24).
+UPSERT_HOST = text(
+    "INSERT INTO hosts (name, ship_url, seen_at) VALUES (:name, :ship_url, :seen_at) "
+    "ON CONFLICT (name) DO UPDATE SET ship_url = excluded.ship_url, seen_at = excluded.seen_at"
 )

@@ -55,6 +55,15 @@ events = Table(
     Column("data", Text, nullable=False),
 )
 
+# Worker hosts and where each serves its store's checkpoints to the others (sprout.runstore.shipping).
+hosts = Table(
+    "hosts",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("ship_url", Text),
+    Column("seen_at", Double, nullable=False),
+)
+
 schema_version = Table(
     "schema_version",
     metadata,

@@ -35,8 +35,8 @@ from .db import Database
 from .errors import InvalidPayload, InvalidTransition, JobNotFound, LeaseLost, UnknownKind
 from .kinds import registered_kinds, validate_payload
 from .migrations import current_version, migrate
-from .models import Claim, Event, EventType, Job, JobPage, JobSpec, JobState
-from .schema import jobs
+from .models import Claim, Event, EventType, Host, Job, JobPage, JobSpec, JobState
+from .schema import hosts, jobs
 
 T = TypeVar("T")
 
@@ -244,6 +244,18 @@ class RunStore:
 
     def get(self, job_id: int) -> Job:
         return self._run(lambda conn: self._get(conn, job_id), write=False)
+
+    # -- hosts -----------------------------------------------------------------------------
+
+    def register_host(self, name: str, ship_url: str | None) -> Host:
+        """Record that a worker runs on ``name`` and serves its checkpoints at ``ship_url``."""
+        values = {"name": name, "ship_url": ship_url, "seen_at": self._clock()}
+        self._run(lambda conn: conn.execute(q.UPSERT_HOST, values))
+        return Host(name=name, ship_url=ship_url, seen_at=_dt(values["seen_at"]))
+
+    def host(self, name: str) -> Host | None:
+        row = self._run(lambda conn: conn.execute(select(hosts).where(hosts.c.name == name)).first(), write=False)
+        return None if row is None else Host(name=row.name, ship_url=row.ship_url, seen_at=_dt(row.seen_at))
 
     def list(
         self,

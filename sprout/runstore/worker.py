@@ -6,7 +6,9 @@ URL and token come from SPROUT_RUNSTORE_URL / SPROUT_RUNSTORE_TOKEN (what `servi
 --url / --token-file. On SIGTERM it drains: claims nothing more, lets running jobs finish for up to
 --drain-timeout seconds, then releases the leases it still holds so other workers take them at once.
 Connection errors (an API restart) are retried by the client; a lease lost meanwhile is logged and
-the job's late result is refused by the store, never applied twice.
+the job's late result is refused by the store, never applied twice. With --ship-listen it serves this
+host's checkpoints to other workers; a job claimed here whose checkpoint is on another host (claimed
+past its affinity timeout) has that checkpoint shipped here first (sprout.runstore.shipping).
 """
 
 import argparse
@@ -29,17 +31,20 @@ from .errors import LeaseLost, RunStoreError
 from .models import Claim
 
 Handler = Callable[[Claim], Any]
+Fetch = Callable[[Claim], dict[str, Any] | None]  # brings a job's checkpoint here; says what moved
+REGISTER_EVERY_S = 60.0
 log = logging.getLogger("sprout.worker")
 
 
 class Worker:
     def __init__(self, client: RunStoreClient, handlers: dict[str, Handler], *, host: str, slots: int = 1,
                  lease_s: float = 120.0, heartbeat_s: float = 20.0, wait_s: float = 5.0,
-                 alive_file: Path | None = None):
+                 alive_file: Path | None = None, fetch: Fetch | None = None, ship_url: str | None = None):
         self.client, self.handlers, self.host, self.slots = client, handlers, host, slots
         self.lease_s, self.heartbeat_s, self.wait_s = lease_s, heartbeat_s, wait_s
         self.worker_id = f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.alive_file = alive_file
+        self.alive_file, self.fetch, self.ship_url = alive_file, fetch, ship_url
+        self._registered_at = float("-inf")
         self.draining = threading.Event()
         self._active: dict[int, Claim] = {}
         self._lock = threading.Lock()
@@ -50,6 +55,7 @@ class Worker:
         while not self.draining.is_set():
             if self.alive_file:
                 self.alive_file.touch()
+            self._register()
             free = self.slots - len(self._active)
             if free <= 0:
                 time.sleep(0.2)
@@ -66,6 +72,16 @@ class Worker:
                     self._active[claim.job.id] = claim
                 self._pool.submit(self._run_one, claim)
         self._drain(drain_timeout_s)
+
+    def _register(self) -> None:
+        """Tells the Run Store this host's name and checkpoint server, now and then."""
+        if time.monotonic() - self._registered_at < REGISTER_EVERY_S:
+            return
+        try:
+            self.client.register_host(self.host, self.ship_url)
+            self._registered_at = time.monotonic()
+        except RunStoreError as e:
+            log.warning("could not register host %s: %s", self.host, e)
 
     def stop(self, *_args) -> None:
         if not self.draining.is_set():
@@ -102,7 +118,10 @@ class Worker:
         beat.start()
         log.info("job %d (%s) started%s", job.id, job.kind, f", ship from {claim.ship_from}" if claim.ship_from else "")
         try:
+            shipped = self.fetch(claim) if self.fetch and claim.ship_from else None
             result = self.handlers[job.kind](claim)
+            if shipped and isinstance(result, dict):
+                result = {**result, "shipped": shipped}
         except Exception as e:
             done.set()
             log.error("job %d failed: %s", job.id, e)
@@ -126,7 +145,8 @@ class Worker:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .handlers import default_handlers
+    from .handlers import default_handlers, store_from_env
+    from .shipping import ShipServer, fetch_checkpoint
 
     p = argparse.ArgumentParser(prog="python -m sprout.runstore.worker", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -138,6 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lease", type=float, default=120.0, help="lease seconds, renewed by heartbeats")
     p.add_argument("--drain-timeout", type=float, default=600.0, help="seconds to finish jobs on SIGTERM")
     p.add_argument("--alive-file", type=Path, help="touched on every claim loop (for `services status`)")
+    p.add_argument("--ship-listen", metavar="ADDR:PORT",
+                   help="serve this host's checkpoints to other hosts' workers there (e.g. 0.0.0.0:8471; port 0: "
+                        "any free port); without it, jobs whose checkpoint is here cannot move elsewhere")
+    p.add_argument("--ship-advertise", metavar="URL",
+                   help="the URL other hosts reach that server at (default http://ADDR:PORT, or this host's name)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
     for noisy in ("LiteLLM", "httpx", "minisweagent"):
@@ -155,11 +180,27 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: this worker cannot run {', '.join(sorted(unknown))}", file=sys.stderr)
             return 2
         handlers = {k: v for k, v in handlers.items() if k in wanted}
-    worker = Worker(RunStoreClient(args.url, token), handlers, host=args.host_id, slots=args.slots,
-                    lease_s=args.lease, heartbeat_s=max(1.0, args.lease / 6), alive_file=args.alive_file)
+    client = RunStoreClient(args.url, token)
+    server = None
+    if args.ship_listen:
+        bind, _, port = args.ship_listen.rpartition(":")
+        if not port.isdigit():
+            print(f"error: --ship-listen wants ADDR:PORT, got {args.ship_listen!r}", file=sys.stderr)
+            return 2
+        server = ShipServer(store_from_env(), token, bind=bind or "0.0.0.0", port=int(port), advertise=args.ship_advertise)
+        server.start()
+        log.info("serving this host's checkpoints at %s", server.url)
+    worker = Worker(client, handlers, host=args.host_id, slots=args.slots, lease_s=args.lease,
+                    heartbeat_s=max(1.0, args.lease / 6), alive_file=args.alive_file,
+                    fetch=lambda claim: fetch_checkpoint(claim, client, store_from_env(), token),
+                    ship_url=server.url if server else None)
     signal.signal(signal.SIGTERM, worker.stop)
     signal.signal(signal.SIGINT, worker.stop)
-    worker.run(drain_timeout_s=args.drain_timeout)
+    try:
+        worker.run(drain_timeout_s=args.drain_timeout)
+    finally:
+        if server is not None:
+            server.stop()
     return 0
 
 

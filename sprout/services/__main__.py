@@ -31,7 +31,8 @@ def _config_from(args, base: ServicesConfig) -> ServicesConfig:
     values = base.model_dump()
     for field, value in (("model_endpoint", args.model_endpoint), ("model_key_env", args.model_key_env),
                          ("runstore_port", args.port), ("runstore_db", args.db), ("worker_slots", args.slots),
-                         ("runtime_bin", args.runtime_bin)):
+                         ("runtime_bin", args.runtime_bin), ("worker_ship_listen", getattr(args, "ship_listen", None)),
+                         ("worker_host_id", getattr(args, "host_id", None))):
         if value not in (None, ""):
             values[field] = value
     return ServicesConfig(**values)
@@ -181,6 +182,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--db", help="Run Store database URL (default: SQLite in the config dir)")
     s.add_argument("--slots", type=int, help="worker slots (default 2)")
     s.add_argument("--runtime-bin", help="sprout-runtime for the worker's sandboxes")
+    s.add_argument("--host-id", help="this host's name for job affinity (default: the hostname)")
+    s.add_argument("--ship-listen", metavar="ADDR:PORT",
+                   help="where the worker serves this host's checkpoints to other hosts (default 127.0.0.1:0; "
+                        "0.0.0.0:PORT when workers on other hosts branch this host's checkpoints)")
     s.add_argument("--force", action="store_true", help="replace an existing services.json that differs")
     s.set_defaults(func=cmd_init)
     for name, func, text in (("up", cmd_up, "start services and wait until healthy"),

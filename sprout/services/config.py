@@ -27,6 +27,7 @@ class ServicesConfig(BaseModel):
     runstore_db: str = ""  # default: sqlite file in the config dir
     worker_slots: int = 2
     worker_host_id: str = socket.gethostname()
+    worker_ship_listen: str = "127.0.0.1:0"  # where the worker serves this host's checkpoints to others
     model_endpoint: str = ""
     model_key_env: str = "SPROUT_MODEL_API_KEY"
     runtime_bin: str = ""

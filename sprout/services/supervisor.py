@@ -41,7 +41,8 @@ def command(name: str, config: ServicesConfig, directory: Path) -> list[str]:
     if name == "runstore-worker":
         return [py, "-m", "sprout.runstore.worker", "--url", config.url, "--token-file",
                 str(directory / "secrets" / "worker.token"), "--slots", str(config.worker_slots), "--host-id",
-                config.worker_host_id, "--alive-file", str(directory / "run" / "runstore-worker.alive")]
+                config.worker_host_id, "--alive-file", str(directory / "run" / "runstore-worker.alive"),
+                *(["--ship-listen", config.worker_ship_listen] if config.worker_ship_listen else [])]
     raise ValueError(name)
 
 

@@ -17,6 +17,7 @@ grade one final checkpoint, refuse multi-step tasks (sprout.tasks.loading).
 """
 
 import asyncio
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from harbor.models.task.task import Task
 from harbor.models.trial.config import ResourceMode
 from harbor.models.trial.paths import EnvironmentPaths, TrialPaths
 
-from ..sandbox import Checkpoint, Sandbox, SandboxStateError, Store
+from ..sandbox import Checkpoint, Sandbox, SandboxStateError, SproutError, Store
 from . import transfer
 from .cancellable import exec_async
 from .errors import UnsupportedTaskError
@@ -171,3 +172,28 @@ class SproutEnvironment(BaseEnvironment):
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
         await asyncio.to_thread(transfer.download_dir, self.sandbox.path, source_dir, Path(target_dir))
+
+
+def start_task_sandbox(store: Store, task: Task, label: str) -> Sandbox:
+    """A sandbox of the task's image started as Harbor starts the agent's environment: the task's
+    limits and network mode, log directories, the environment upload and the healthcheck. The image
+    is built first when this store lacks it."""
+    with tempfile.TemporaryDirectory(prefix="sprout-attempt-") as tmp:
+        env = SproutEnvironment.for_task(task, TrialPaths(Path(tmp)), store=store,
+                                         session_id=f"{task.short_name}__attempt-{label}")
+
+        async def start() -> None:
+            try:
+                await env.start(force_build=False)
+                await env.run_healthcheck()
+            except BaseException:
+                await env.stop(delete=True)
+                raise
+
+        try:
+            asyncio.run(start())
+        except SproutError:
+            raise
+        except Exception as e:  # e.g. Harbor's HealthcheckError
+            raise SproutError(f"task {task.short_name}: its sandbox did not start: {type(e).__name__}: {e}") from None
+        return env.sandbox

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
@@ -21,6 +22,7 @@ import uvicorn
 from sprout.runstore import (
     EventType,
     Forbidden,
+    HostNotFound,
     InvalidTransition,
     JobNotFound,
     JobState,
@@ -88,13 +90,15 @@ WORKER_ROUTES = [
     ("POST", "/v1/jobs/1/complete", {"lease_token": 1}),
     ("POST", "/v1/jobs/1/fail", {"lease_token": 1, "error": "e"}),
     ("POST", "/v1/jobs/1/release", {"lease_token": 1}),
+    ("PUT", "/v1/hosts/h", {"ship_url": "http://h:1"}),
+    ("GET", "/v1/hosts/h", None),
 ]
 
 
 def test_health_and_docs_need_no_token(api: LiveApi) -> None:
     health = httpx.get(f"{api.url}/health")
     assert health.status_code == 200 and health.json()["status"] == "ok"
-    assert health.json()["schema_version"] == 2
+    assert health.json()["schema_version"] == 3
     assert httpx.get(f"{api.url}/docs").status_code == 200
     spec = httpx.get(f"{api.url}/openapi.json").json()
     assert "/v1/claims" in spec["paths"] and "HTTPBearer" in spec["components"]["securitySchemes"]
@@ -166,6 +170,18 @@ def test_client_round_trip_and_typed_errors(api: LiveApi) -> None:
     assert work.release(other.id, claim.lease_token).state == JobState.QUEUED
     (claim,) = work.claim("w1", "h1")
     assert work.fail(other.id, claim.lease_token, "no", retry=False).state == JobState.FAILED
+
+
+def test_hosts_register_and_are_looked_up(api: LiveApi) -> None:
+    work = api.client(Scope.WORKER)
+    with pytest.raises(HostNotFound, match="no worker has registered host 'h9'"):
+        work.host("h9")
+    first = work.register_host("h9", "http://10.0.0.9:8471")
+    assert work.host("h9") == first and first.ship_url == "http://10.0.0.9:8471"
+    moved = work.register_host("h9", None)  # re-registering replaces, e.g. after a restart without a server
+    assert work.host("h9").ship_url is None and work.host("h9").seen_at >= moved.seen_at - timedelta(seconds=1)
+    with pytest.raises(Forbidden):
+        api.client(Scope.SUBMITTER).host("h9")
 
 
 def test_claim_long_poll(api: LiveApi) -> None:

@@ -24,6 +24,9 @@ from .conftest import FakeClock
 GATE = {"task_dir": "tasks/t1"}
 
 
+REVIEW = {"reviewer": {}, "input": {}, "review_id": "r1", "round": 1, "reviewed": "a1"}
+
+
 def gate(store: RunStore, **opts: object):
     return store.submit("gate", GATE, **opts)
 
@@ -73,7 +76,7 @@ def test_register_kind(store: RunStore) -> None:
 
 def test_list_filters_and_pagination(store: RunStore) -> None:
     jobs = [gate(store, group_id="a" if i % 2 else "b") for i in range(7)]
-    store.submit("review", {"journal": "j"}, group_id="a")
+    store.submit("review", REVIEW, group_id="a")
     page = store.list(limit=3)
     assert [j.id for j in page.jobs] == [j.id for j in jobs[:3]]
     seen = [j.id for j in page.jobs]
@@ -119,7 +122,7 @@ def test_priority_then_age(store: RunStore, clock: FakeClock) -> None:
 
 def test_claim_respects_kinds_and_not_before(store: RunStore, clock: FakeClock) -> None:
     later = gate(store, not_before=datetime.fromtimestamp(clock.now + 30, UTC))
-    review = store.submit("review", {"journal": "j"})
+    review = store.submit("review", REVIEW)
     assert store.claim("w1", "h1", kinds=["gate"]) == []
     assert claim_one(store, kinds=["review", "grade"]).job.id == review.id
     clock.advance(31)

@@ -1,29 +1,10 @@
 """Shipping checkpoints between two btrfs stores on one machine with btrfs send/receive."""
 
-import subprocess
 from pathlib import Path
-
-import pytest
 
 from sprout.sandbox import Store, btrfs
 from sprout.sandbox.ship import ship
 from tests.conftest import DEBIAN_IMAGE, RUNTIME_BIN
-
-
-@pytest.fixture
-def other_store(tmp_path):
-    """A second btrfs filesystem (its own loop file), as another host's store would be."""
-    image, mount = tmp_path / "other.img", tmp_path / "other"
-    subprocess.run(["truncate", "-s", "3G", str(image)], check=True)
-    subprocess.run(["mkfs.btrfs", "-q", str(image)], check=True, capture_output=True)
-    mount.mkdir()
-    subprocess.run(["mount", "-o", "loop", str(image), str(mount)], check=True)
-    store = Store(mount, runtime_bin=RUNTIME_BIN)
-    yield store
-    for sandbox in store.sandboxes():
-        sandbox.destroy()
-    store.meta.close()
-    subprocess.run(["umount", str(mount)], check=True)
 
 
 def test_ship_full_then_incremental_and_branch_there(base_store, other_store):
