@@ -157,9 +157,10 @@ def run_rollout(spec: RolloutSpec, store: Store, on_event: Callable[[TurnEvent],
         try:
             checkpoint = store.checkpoint(turn.checkpoint)
         except CheckpointNotFound:
+            made = parent_journal.header.store + (f" on {parent_journal.header.host}" if parent_journal.header.host else "")
             raise SproutError(f"turn {turn.turn}'s checkpoint {turn.checkpoint} is not in the store {store.root} "
-                              f"(it was made in {parent_journal.header.store} on {parent_journal.header.host}); "
-                              "use that store, or ship the checkpoint here (sprout.sandbox.ship)") from None
+                              f"(it was made in {made}); use that store, or ship the checkpoint here "
+                              "(sprout.sandbox.ship)") from None
         sandbox = checkpoint.branch(label=f"branch of {turn.checkpoint}")
         prefix = resume_messages(parent_journal.messages_up_to(turn.turn), model, spec.note)
         n_calls, first_turn = turn.n_calls, turn.turn + 1

@@ -61,6 +61,11 @@ def test_busy_host_checkpoint_is_shipped_to_the_claiming_host(base_store, other_
     cp1, cp2 = (t.checkpoint for t in read_journal(first.journal).turns[:2])
     rs = RunStore(str(tmp_path / "rs.db"))
     try:
+        elsewhere = RolloutSpec(task="", model="scripted", endpoint=spec.endpoint, journal=tmp_path / "x.jsonl",
+                                from_journal=first.journal, from_turn=1)
+        with pytest.raises(SproutError, match=f"checkpoint {cp1} is not in the store {other_store.root} "
+                                              f"\\(it was made in {here.root} on "):
+            run_rollout(elsewhere, other_store)
         with serve(create_app(rs, {hash_token(t): s.value for s, t in tokens.items()}, poll_s=0.1)) as url, \
                 ScriptedModelServer(BRANCHES) as model:
             submitter = RunStoreClient(url, tokens[Scope.SUBMITTER])
@@ -101,6 +106,14 @@ def test_busy_host_checkpoint_is_shipped_to_the_claiming_host(base_store, other_
             assert shipped["bytes"] < 3 * 1024 * 1024  # the turn's delta, not the rootfs
             assert read_journal(tmp_path / "b2.jsonl").turns[0].observation.split() == ["first", "second", "blob", "f"]
             assert other_store.checkpoint(cp2).parent == cp1 and read_journal(tmp_path / "b2.jsonl").header.host
+
+            # a checkpoint whose host serves nothing: one clear error, not a branch from the wrong state
+            worker_client.register_host("host-c", None)
+            gone = submitter.submit("rollout", {"task": "t", "model": "scripted", "turn": 1, "from_checkpoint": "cp-x",
+                                                "options": {"endpoint": model.base_url, "journal": str(tmp_path / "g")}},
+                                    host="host-c", affinity_timeout_s=0, max_attempts=1)
+            gone = wait_for(submitter, gone.id)
+            assert gone.state == "failed" and "cp-x is on host host-c, whose worker serves no checkpoints" in gone.error
     finally:
         for worker in workers:
             worker.terminate()

@@ -1,0 +1,61 @@
+"""`python -m sprout.eval.evaluate` over a Run Store (services init + up + env): the rollouts, grades and
+the review run as jobs on the worker and give the summary the in-process path gives."""
+
+import json
+
+from sprout.eval.summary import read_summary
+from sprout.runstore.client import RunStoreClient
+from sprout.testing.scripted_model import ScriptedModelServer
+from tests.method.conftest import KEY_ENV, evaluate_args, run_module
+from tests.method.test_evaluate import BRANCH, FIRST, REVIEW
+from tests.services.test_services import free_port, services
+
+
+def evaluate(dataset, out, env: dict) -> tuple:
+    """One SPROUT evaluation with fresh scripted servers: a1 fails, the review picks turn 2, r1b1 passes."""
+    with ScriptedModelServer([{"content": json.dumps(REVIEW)}]) as reviewer, \
+            ScriptedModelServer(FIRST + BRANCH) as agent:
+        result = run_module("sprout.eval.evaluate", *evaluate_args(dataset, out, agent.base_url, "--review-endpoint",
+                                                                   reviewer.base_url), env=env)
+        return result, len(agent.requests), len(reviewer.requests)
+
+
+def comparable(summary) -> dict:
+    """What must not depend on where the work ran."""
+    attempts = [a.model_dump(include={"id", "kind", "parent", "from_turn", "note", "status", "first_turn", "turns",
+                                      "tokens_in", "tokens_out", "reward", "verdict"}) for a in summary.attempts]
+    reviews = [(r.id, r.reviewed, [p.model_dump() for p in r.branch_points], r.fallback) for r in summary.reviews]
+    return {"status": summary.status, "solved_by": summary.solved_by, "attempts": attempts, "reviews": reviews,
+            "totals": summary.totals.model_dump(exclude={"review_tokens"}), "config_hash": summary.config_hash}
+
+
+def test_evaluation_through_the_run_store_gives_the_in_process_summary(dataset, outputs, tmp_path):
+    config = tmp_path / "cfg"
+    assert services(config, "init", "--port", str(free_port()), "--slots", "2").returncode == 0
+    up = services(config, "up", "runstore-api", "runstore-worker", env={KEY_ENV: "sk-do-not-record"})
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        exports = dict(item.split("=", 1) for item in services(config, "env").stdout.split()[1:])
+        remote_out, local_out = tmp_path / "remote", tmp_path / "local"
+        outputs.extend([remote_out, local_out])
+        remote, agent_calls, review_calls = evaluate(dataset, remote_out, exports)
+        assert remote.returncode == 0, remote.stdout + remote.stderr
+        assert "running as Run Store jobs at " + exports["SPROUT_RUNSTORE_URL"] in remote.stdout
+        assert "r1b1   turn   3" in remote.stdout  # turns are followed from the worker's journal
+        assert (agent_calls, review_calls) == (6, 1)
+        client = RunStoreClient(exports["SPROUT_RUNSTORE_URL"], exports["SPROUT_RUNSTORE_TOKEN"])
+        jobs = client.list(limit=100).jobs
+    finally:
+        services(config, "down")
+    assert sorted(j.kind for j in jobs) == ["grade", "grade", "review", "rollout", "rollout"]
+    assert all(j.state == "succeeded" for j in jobs) and len({j.group_id for j in jobs}) == 1
+    branch_job = next(j for j in jobs if j.kind == "rollout" and j.payload["turn"] == 2)
+    assert branch_job.host and branch_job.payload["from_checkpoint"]  # prefers the host holding turn 2
+    local, *_ = evaluate(dataset, local_out, {"SPROUT_RUNSTORE_URL": None, "SPROUT_RUNSTORE_TOKEN": None})
+    assert local.returncode == 0, local.stdout + local.stderr
+    remote_summary, local_summary = read_summary(remote_out), read_summary(local_out)
+    assert remote_summary.runstore == exports["SPROUT_RUNSTORE_URL"] and local_summary.runstore is None
+    assert comparable(remote_summary) == comparable(local_summary)
+    assert remote_summary.solved_by == "r1b1" and remote_summary.attempts[1].reward == 1
+    assert (remote_out / remote_summary.attempts[1].verifier_output).exists()  # the worker wrote it there
+    assert {a.host for a in remote_summary.attempts} == {jobs[0].lease_host}
