@@ -166,8 +166,10 @@ class RunStoreClient:
         limit: int = 1,
         lease_s: float = 60.0,
         wait_s: float = 0.0,
+        retry_for_s: float | None = None,
     ) -> list[Claim]:
-        """Lease up to ``limit`` jobs; with ``wait_s``, long-poll that long when none is ready."""
+        """Lease up to ``limit`` jobs; with ``wait_s``, long-poll that long when none is ready.
+        ``retry_for_s`` overrides the client's retry window (0: one try, for a caller's own loop)."""
         req = ClaimRequest(
             worker_id=worker_id,
             host=host,
@@ -177,7 +179,11 @@ class RunStoreClient:
             wait_s=wait_s,
         )
         data = self._request(
-            "POST", "/v1/claims", json=req.model_dump(mode="json"), timeout=self._timeout_s + wait_s
+            "POST",
+            "/v1/claims",
+            json=req.model_dump(mode="json"),
+            timeout=self._timeout_s + wait_s,
+            retry_for_s=retry_for_s,
         )
         return _claims.validate_python(data)
 
@@ -232,8 +238,9 @@ class RunStoreClient:
         json: Any = None,
         params: dict[str, Any] | None = None,
         timeout: float | None = None,
+        retry_for_s: float | None = None,
     ) -> Any:
-        deadline = time.monotonic() + self._retry_for_s
+        deadline = time.monotonic() + (self._retry_for_s if retry_for_s is None else retry_for_s)
         delay = 0.1
         while True:
             try:

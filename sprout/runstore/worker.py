@@ -52,6 +52,7 @@ class Worker:
 
     def run(self, drain_timeout_s: float = 600.0) -> None:
         log.info("worker %s: %d slot(s), kinds %s", self.worker_id, self.slots, ", ".join(self.handlers))
+        outage: float | None = None  # since when claims fail (the API restarting)
         while not self.draining.is_set():
             if self.alive_file:
                 self.alive_file.touch()
@@ -62,11 +63,16 @@ class Worker:
                 continue
             try:
                 claims = self.client.claim(self.worker_id, self.host, kinds=list(self.handlers), limit=free,
-                                           lease_s=self.lease_s, wait_s=self.wait_s)
+                                           lease_s=self.lease_s, wait_s=self.wait_s, retry_for_s=0)
             except RunStoreError as e:
-                log.warning("claim failed: %s", e)
+                if outage is None:
+                    log.warning("claim failed: %s; trying again every second", e)
+                    outage = time.monotonic()
                 time.sleep(1)
                 continue
+            if outage is not None:
+                log.info("the Run Store answers again, after %.0fs", time.monotonic() - outage)
+                outage = None
             for claim in claims:
                 with self._lock:
                     self._active[claim.job.id] = claim
