@@ -28,14 +28,16 @@ class Endpoint:
         return os.environ.get(self.key_env, "")
 
     @classmethod
-    def resolve(cls, url: str | None, key_env: str | None) -> "Endpoint":
+    def resolve(cls, url: str | None, key_env: str | None, *, require_key: bool = True) -> "Endpoint":
+        """The endpoint from flags or the environment; `require_key`: its key variable must be set here
+        (not where workers elsewhere make the calls)."""
         url = url or os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_BASE")
         if not url:
             raise SproutError("no model endpoint: pass --model-endpoint URL or set OPENAI_BASE_URL")
         if not url.startswith(("http://", "https://")):
             raise SproutError(f"the model endpoint must be an http(s) URL, got {url!r}")
         key_env = key_env or "OPENAI_API_KEY"
-        if key_env not in os.environ:
+        if require_key and key_env not in os.environ:
             raise SproutError(f"the model key variable {key_env} is not set (export it, or pass "
                               "--model-key-env with the name of the variable holding the key)")
         return cls(url.rstrip("/"), key_env)

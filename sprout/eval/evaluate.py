@@ -131,9 +131,10 @@ def evaluate(args: argparse.Namespace) -> EvaluationSummary:
     source = check_source(args.allow_dirty)
     pinning = check_pinning(args.task_dir, args.dataset_digest, args.preparation_manifest)
     task = load_task(args.task_dir)
-    endpoint = Endpoint.resolve(args.model_endpoint, args.model_key_env)
-    review_endpoint = (Endpoint.resolve(args.review_endpoint or endpoint.url, args.review_key_env or endpoint.key_env)
-                       if args.method == "sprout" else None)
+    client = configured_client()  # a Run Store: its workers make the model calls, with their keys
+    endpoint = Endpoint.resolve(args.model_endpoint, args.model_key_env, require_key=client is None)
+    review_endpoint = (Endpoint.resolve(args.review_endpoint or endpoint.url, args.review_key_env or endpoint.key_env,
+                                        require_key=client is None) if args.method == "sprout" else None)
     os.environ["MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT"] = str(max(1, args.model_retries))
     wall_time = args.wall_time_limit or int(task.config.agent.timeout_sec or 3600)
     budget = equal_budget(args.method, args.budget_by, args.step_limit, args.token_limit, args.branches)
@@ -178,7 +179,6 @@ def evaluate(args: argparse.Namespace) -> EvaluationSummary:
         summary.wall_s = round(base_wall + time.monotonic() - session_start, 3)
         write_summary(args.output, summary)
 
-    client = configured_client()
     if client is None:
         backend = LocalBackend(store, task)
     else:

@@ -22,6 +22,7 @@ from ..agent.runner import TurnEvent
 from ..method.backend import RolloutDone, RolloutRequest
 from ..method.records import ReviewRecord
 from ..method.review import ReviewerConfig, ReviewInput
+from ..runstore.errors import RunStoreError
 from ..sandbox.errors import SproutError
 from ..tasks import GradeResult
 
@@ -43,14 +44,21 @@ def run_job(client, kind: str, payload: dict[str, Any], *, group_id: str, poll_s
             timeout_s: float | None = None, on_poll: Callable[[], None] | None = None, **opts: Any) -> Any:
     """Submits one job (`opts`: JobSpec fields such as host) and waits for its result; a failed or
     cancelled job raises SproutError. Interrupted while waiting, it cancels the job."""
-    job = client.submit(kind, payload, group_id=group_id, **opts)
+    try:
+        job = client.submit(kind, payload, group_id=group_id, **opts)
+    except RunStoreError as e:
+        raise SproutError(f"the Run Store at {client.url} refused a {kind} job: {e}") from None
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
         while job.state not in TERMINAL:
             if deadline is not None and time.monotonic() > deadline:
                 raise SproutError(f"{kind} job {job.id} did not finish in {timeout_s:g}s (state {job.state})")
             time.sleep(poll_s)
-            job = client.get(job.id)
+            try:
+                job = client.get(job.id)
+            except RunStoreError as e:
+                raise SproutError(f"lost the Run Store at {client.url} while waiting for {kind} job {job.id}: "
+                                  f"{e}") from None
             if on_poll is not None:
                 on_poll()
     except BaseException:

@@ -4,9 +4,11 @@
 * ``api.create_app``: its HTTP API; ``python -m sprout.runstore.api`` serves it.
 * ``client.RunStoreClient``: the HTTP client, with the store's methods and models.
 
-This package imports nothing else of Sprout. Importing it loads only the models,
-the errors and the kinds registry; the store, API and client are imported from
-their modules.
+* ``worker``: the worker; ``handlers`` runs each job kind with the sandbox, agent, tasks and method
+  layers, ``shipping`` moves checkpoints between worker hosts.
+
+Importing the package loads only the models, the errors and the kinds registry (nothing else of
+Sprout); the store, API, client and worker are imported from their modules.
 """
 
 from .errors import (

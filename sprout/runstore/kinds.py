@@ -20,7 +20,8 @@ class Payload(BaseModel):
 
 
 class RolloutPayload(Payload):
-    """Run (or continue) an agent on a task inside an image."""
+    """Run an agent on a task inside an image, or branch `from_checkpoint` (turn `turn` of
+    options.from_journal) with `note`. `options`: see sprout.runstore.handlers.rollout."""
 
     task: str
     image: str | None = None

@@ -38,13 +38,16 @@ def test_evaluation_through_the_run_store_gives_the_in_process_summary(dataset, 
         exports = dict(item.split("=", 1) for item in services(config, "env").stdout.split()[1:])
         remote_out, local_out = tmp_path / "remote", tmp_path / "local"
         outputs.extend([remote_out, local_out])
-        remote, agent_calls, review_calls = evaluate(dataset, remote_out, exports)
+        remote, agent_calls, review_calls = evaluate(dataset, remote_out, {**exports, KEY_ENV: None})  # the worker has it
         assert remote.returncode == 0, remote.stdout + remote.stderr
         assert "running as Run Store jobs at " + exports["SPROUT_RUNSTORE_URL"] in remote.stdout
         assert "r1b1   turn   3" in remote.stdout  # turns are followed from the worker's journal
         assert (agent_calls, review_calls) == (6, 1)
         client = RunStoreClient(exports["SPROUT_RUNSTORE_URL"], exports["SPROUT_RUNSTORE_TOKEN"])
         jobs = client.list(limit=100).jobs
+        refused, *_ = evaluate(dataset, tmp_path / "refused", {**exports, "SPROUT_RUNSTORE_TOKEN": "wrong"})
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr
+        assert f"the Run Store at {exports['SPROUT_RUNSTORE_URL']} refused a rollout job" in refused.stderr
     finally:
         services(config, "down")
     assert sorted(j.kind for j in jobs) == ["grade", "grade", "review", "rollout", "rollout"]
