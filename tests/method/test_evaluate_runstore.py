@@ -1,12 +1,15 @@
-"""`python -m sprout.eval.evaluate` over a Run Store (services init + up + env): the rollouts, grades and
-the review run as jobs on the worker and give the summary the in-process path gives."""
+"""`python -m sprout.eval.evaluate` and the benchmark runner over a Run Store (services init + up + env):
+the rollouts, grades and the review run as jobs on the worker and give the summary the in-process path
+gives."""
 
 import json
 
+from sprout.eval.results import find_summaries
 from sprout.eval.summary import read_summary
 from sprout.runstore.client import RunStoreClient
 from sprout.testing.scripted_model import ScriptedModelServer
 from tests.method.conftest import KEY_ENV, evaluate_args, run_module
+from tests.method.test_benchmark import SOLVE
 from tests.method.test_evaluate import BRANCH, FIRST, REVIEW
 from tests.services.test_services import free_port, services
 
@@ -37,7 +40,7 @@ def test_evaluation_through_the_run_store_gives_the_in_process_summary(dataset, 
         assert up.returncode == 0, up.stdout + up.stderr
         exports = dict(item.split("=", 1) for item in services(config, "env").stdout.split()[1:])
         remote_out, local_out = tmp_path / "remote", tmp_path / "local"
-        outputs.extend([remote_out, local_out])
+        outputs.extend([remote_out, local_out, tmp_path / "bench"])
         remote, agent_calls, review_calls = evaluate(dataset, remote_out, {**exports, KEY_ENV: None})  # the worker has it
         assert remote.returncode == 0, remote.stdout + remote.stderr
         assert "running as Run Store jobs at " + exports["SPROUT_RUNSTORE_URL"] in remote.stdout
@@ -45,6 +48,9 @@ def test_evaluation_through_the_run_store_gives_the_in_process_summary(dataset, 
         assert (agent_calls, review_calls) == (6, 1)
         client = RunStoreClient(exports["SPROUT_RUNSTORE_URL"], exports["SPROUT_RUNSTORE_TOKEN"])
         jobs = client.list(limit=100).jobs
+        bench = benchmark(dataset, tmp_path / "bench", exports)
+        assert bench.returncode == 0, bench.stdout + bench.stderr
+        bench_jobs = [j for j in client.list(limit=100).jobs if j.id not in {k.id for k in jobs}]
         refused, *_ = evaluate(dataset, tmp_path / "refused", {**exports, "SPROUT_RUNSTORE_TOKEN": "wrong"})
         assert refused.returncode == 1 and "Traceback" not in refused.stderr
         assert f"the Run Store at {exports['SPROUT_RUNSTORE_URL']} refused a rollout job" in refused.stderr
@@ -62,3 +68,17 @@ def test_evaluation_through_the_run_store_gives_the_in_process_summary(dataset, 
     assert remote_summary.solved_by == "r1b1" and remote_summary.attempts[1].reward == 1
     assert (remote_out / remote_summary.attempts[1].verifier_output).exists()  # the worker wrote it there
     assert {a.host for a in remote_summary.attempts} == {jobs[0].lease_host}
+    # the benchmark's evaluations inherit the Run Store: every attempt ran as jobs, and it solves as in-process
+    assert sorted(j.kind for j in bench_jobs) == ["grade", "grade", "rollout", "rollout"]
+    assert all(s.runstore == exports["SPROUT_RUNSTORE_URL"] for s in find_summaries(tmp_path / "bench"))
+    results = json.loads((tmp_path / "bench" / "results.json").read_text())
+    assert {r["method"]: r["solved"] for r in results["methods"]} == {"single": 1, "restarts": 1}
+
+
+def benchmark(dataset, out, env: dict):
+    with ScriptedModelServer(SOLVE * 2) as agent:
+        return run_module("sprout.eval.benchmark", "--tasks-dir", dataset.tasks_dir, "--output", out, "--methods",
+                          "single", "restarts", "--workers", "2", "--dataset-digest", dataset.digest,
+                          "--preparation-manifest", dataset.manifest, "--model", "scripted", "--model-endpoint",
+                          agent.base_url, "--model-key-env", KEY_ENV, "--allow-dirty", "--step-limit", "5",
+                          "--rounds", "1", "--branches", "2", env=env)
