@@ -151,6 +151,7 @@ class Worker:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ..sandbox.errors import SproutError
     from .handlers import default_handlers, store_from_env
     from .shipping import ShipServer, fetch_checkpoint
 
@@ -193,7 +194,12 @@ def main(argv: list[str] | None = None) -> int:
         if not port.isdigit():
             print(f"error: --ship-listen wants ADDR:PORT, got {args.ship_listen!r}", file=sys.stderr)
             return 2
-        server = ShipServer(store_from_env(), token, bind=bind or "0.0.0.0", port=int(port), advertise=args.ship_advertise)
+        try:
+            server = ShipServer(store_from_env(), token, bind=bind or "0.0.0.0", port=int(port),
+                                advertise=args.ship_advertise)
+        except (OSError, SproutError) as e:
+            print(f"error: cannot serve checkpoints on {args.ship_listen}: {e}", file=sys.stderr)
+            return 2
         server.start()
         log.info("serving this host's checkpoints at %s", server.url)
     worker = Worker(client, handlers, host=args.host_id, slots=args.slots, lease_s=args.lease,
