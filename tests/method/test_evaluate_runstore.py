@@ -76,9 +76,10 @@ def test_evaluation_through_the_run_store_gives_the_in_process_summary(dataset, 
 
 
 def benchmark(dataset, out, env: dict):
+    """Two evaluations, one after the other (they share one scripted model)."""
     with ScriptedModelServer(SOLVE * 2) as agent:
         return run_module("sprout.eval.benchmark", "--tasks-dir", dataset.tasks_dir, "--output", out, "--methods",
-                          "single", "restarts", "--workers", "2", "--dataset-digest", dataset.digest,
+                          "single", "restarts", "--workers", "1", "--dataset-digest", dataset.digest,
                           "--preparation-manifest", dataset.manifest, "--model", "scripted", "--model-endpoint",
                           agent.base_url, "--model-key-env", KEY_ENV, "--allow-dirty", "--step-limit", "5",
                           "--rounds", "1", "--branches", "2", env=env)
