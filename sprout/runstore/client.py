@@ -203,9 +203,11 @@ class RunStoreClient:
     def release(self, job_id: int, lease_token: int) -> Job:
         return self._lease_call(job_id, "release", LeaseRequest(lease_token=lease_token))
 
-    def register_host(self, name: str, ship_url: str | None) -> Host:
+    def register_host(self, name: str, ship_url: str | None, retry_for_s: float | None = None) -> Host:
         body = HostRequest(ship_url=ship_url).model_dump(mode="json")
-        return Host.model_validate(self._request("PUT", f"/v1/hosts/{name}", json=body))
+        return Host.model_validate(
+            self._request("PUT", f"/v1/hosts/{name}", json=body, retry_for_s=retry_for_s)
+        )
 
     def host(self, name: str) -> Host:
         """The host a worker registered (raises HostNotFound)."""

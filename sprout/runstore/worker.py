@@ -5,10 +5,11 @@
 URL and token come from SPROUT_RUNSTORE_URL / SPROUT_RUNSTORE_TOKEN (what `services env` exports) or
 --url / --token-file. On SIGTERM it drains: claims nothing more, lets running jobs finish for up to
 --drain-timeout seconds, then releases the leases it still holds so other workers take them at once.
-Connection errors (an API restart) are retried by the client; a lease lost meanwhile is logged and
-the job's late result is refused by the store, never applied twice. With --ship-listen it serves this
-host's checkpoints to other workers; a job claimed here whose checkpoint is on another host (claimed
-past its affinity timeout) has that checkpoint shipped here first (sprout.runstore.shipping).
+Connection errors (an API restart) are retried: claims by the loop, heartbeats and results by the
+client; a lease lost meanwhile is logged and the job's late result is refused by the store, never
+applied twice. With --ship-listen it serves this host's checkpoints to other workers; a job claimed
+here whose checkpoint is on another host (claimed past its affinity timeout) has that checkpoint
+shipped here first (sprout.runstore.shipping).
 """
 
 import argparse
@@ -83,11 +84,12 @@ class Worker:
         """Tells the Run Store this host's name and checkpoint server, now and then."""
         if time.monotonic() - self._registered_at < REGISTER_EVERY_S:
             return
+        self._registered_at = time.monotonic()
         try:
-            self.client.register_host(self.host, self.ship_url)
-            self._registered_at = time.monotonic()
+            self.client.register_host(self.host, self.ship_url, retry_for_s=0)
         except RunStoreError as e:
             log.warning("could not register host %s: %s", self.host, e)
+            self._registered_at -= REGISTER_EVERY_S - 5  # try again soon
 
     def stop(self, *_args) -> None:
         if not self.draining.is_set():
