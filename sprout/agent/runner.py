@@ -157,7 +157,8 @@ def run_rollout(spec: RolloutSpec, store: Store, on_event: Callable[[TurnEvent],
         try:
             checkpoint = store.checkpoint(turn.checkpoint)
         except CheckpointNotFound:
-            made = parent_journal.header.store + (f" on {parent_journal.header.host}" if parent_journal.header.host else "")
+            header = parent_journal.header
+            made = header.store + (f" on {header.host}" if header.host else "")
             raise SproutError(f"turn {turn.turn}'s checkpoint {turn.checkpoint} is not in the store {store.root} "
                               f"(it was made in {made}); use that store, or ship the checkpoint here "
                               "(sprout.sandbox.ship)") from None

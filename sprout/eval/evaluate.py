@@ -182,7 +182,8 @@ def evaluate(args: argparse.Namespace) -> EvaluationSummary:
     if client is None:
         backend = LocalBackend(store, task)
     else:
-        backend = RunStoreBackend(client, task_dir=args.task_dir, group_id=f"eval-{pinning.task}-{uuid.uuid4().hex[:8]}",
+        group_id = f"eval-{pinning.task}-{uuid.uuid4().hex[:8]}"
+        backend = RunStoreBackend(client, task_dir=args.task_dir, group_id=group_id,
                                   affinity_timeout_s=args.affinity_timeout)
         summary.runstore = client.url
         console.print(f"  running as Run Store jobs at {client.url} (group {backend.group_id})", markup=False)

@@ -39,8 +39,9 @@ def rollout(claim: Claim) -> dict[str, Any]:
             return _rollout_result(claim, previous.outcome.model_dump(mode="json"), journal,
                                    [t.checkpoint for t in previous.turns])
         journal.rename(journal.with_suffix(f".crashed-{claim.lease_token}.jsonl"))  # a dead worker's attempt
-    spec = RolloutSpec(task=payload["task"], model=payload["model"], endpoint=_endpoint(options),
-                       journal=journal, image=payload.get("image") or DEFAULT_IMAGE, cwd=options.get("cwd", "/tmp"),
+    endpoint = _endpoint(options["endpoint"], options.get("key_env"))
+    spec = RolloutSpec(task=payload["task"], model=payload["model"], endpoint=endpoint, journal=journal,
+                       image=payload.get("image") or DEFAULT_IMAGE, cwd=options.get("cwd", "/tmp"),
                        from_journal=Path(options["from_journal"]) if options.get("from_journal") else None,
                        from_turn=payload.get("turn"), note=payload.get("note"),
                        **{k: options[k] for k in ("model_class", "step_limit", "token_limit", "wall_time_s",
@@ -54,16 +55,15 @@ def rollout(claim: Claim) -> dict[str, Any]:
     return _rollout_result(claim, result.outcome.model_dump(mode="json"), journal, result.checkpoints)
 
 
-def _endpoint(options: dict[str, Any]):
+def _endpoint(url: str, key_env: str | None):
     """The model endpoint a job names; its key comes from this worker's environment."""
     from ..agent.models import Endpoint
     from ..sandbox.errors import SproutError
 
-    key_env = options.get("key_env") or os.environ.get("SPROUT_MODEL_KEY_ENV", "OPENAI_API_KEY")
-    if key_env not in os.environ:
-        raise SproutError(f"the model key variable {key_env} is not set in this worker's environment "
-                          "(set it where the worker starts, e.g. in `services setup`)")
-    return Endpoint(options["endpoint"], key_env)
+    try:
+        return Endpoint.resolve(url, key_env or os.environ.get("SPROUT_MODEL_KEY_ENV", "OPENAI_API_KEY"))
+    except SproutError as e:
+        raise SproutError(f"on this worker: {e}") from None
 
 
 def _host(claim: Claim) -> str:
@@ -97,7 +97,7 @@ def review(claim: Claim) -> dict[str, Any]:
 
     payload = claim.job.payload
     config = TypeAdapter(ReviewerConfig).validate_python(payload["reviewer"])
-    config.endpoint = _endpoint({"endpoint": config.endpoint.url, "key_env": config.endpoint.key_env})
+    config.endpoint = _endpoint(config.endpoint.url, config.endpoint.key_env)
     record = run_review(config, TypeAdapter(ReviewInput).validate_python(payload["input"]),
                         review_id=payload["review_id"], round_number=payload["round"], reviewed=payload["reviewed"])
     return record.model_dump(mode="json")

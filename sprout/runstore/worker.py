@@ -45,7 +45,7 @@ class Worker:
         self.lease_s, self.heartbeat_s, self.wait_s = lease_s, heartbeat_s, wait_s
         self.worker_id = f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.alive_file, self.fetch, self.ship_url = alive_file, fetch, ship_url
-        self._registered_at = float("-inf")
+        self._next_register = 0.0  # monotonic time of the next host registration
         self.draining = threading.Event()
         self._active: dict[int, Claim] = {}
         self._lock = threading.Lock()
@@ -82,14 +82,15 @@ class Worker:
 
     def _register(self) -> None:
         """Tells the Run Store this host's name and checkpoint server, now and then."""
-        if time.monotonic() - self._registered_at < REGISTER_EVERY_S:
+        if time.monotonic() < self._next_register:
             return
-        self._registered_at = time.monotonic()
         try:
             self.client.register_host(self.host, self.ship_url, retry_for_s=0)
         except RunStoreError as e:
             log.warning("could not register host %s: %s", self.host, e)
-            self._registered_at -= REGISTER_EVERY_S - 5  # try again soon
+            self._next_register = time.monotonic() + 5  # try again soon
+        else:
+            self._next_register = time.monotonic() + REGISTER_EVERY_S
 
     def stop(self, *_args) -> None:
         if not self.draining.is_set():
