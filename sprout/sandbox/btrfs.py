@@ -1,13 +1,29 @@
 """btrfs subvolumes: create, snapshot, delete (nested ones too), flush, sizes, and the loop-file store."""
 
 import ctypes
+import errno
+import fcntl
 import os
+import stat
+import struct
 from pathlib import Path
 
 from . import shell
 from .errors import StoreError
 
 SUBVOLUME_ROOT_INODE = 256  # every btrfs subvolume's top directory has this inode number
+# ioctls of linux/btrfs.h: tree search (ROOT_REF items of the root tree), inode lookup, delete by id
+IOCTL_ARGS_SIZE = 4096  # btrfs_ioctl_search_args, btrfs_ioctl_ino_lookup_args, btrfs_ioctl_vol_args_v2
+IOC_TREE_SEARCH = 0xD0009411  # _IOWR(0x94, 17, 4096)
+IOC_INO_LOOKUP = 0xD0009412  # _IOWR(0x94, 18, 4096)
+IOC_SNAP_DESTROY_V2 = 0x5000943F  # _IOW(0x94, 63, 4096)
+SUBVOL_SPEC_BY_ID = 1 << 4
+ROOT_TREE_ID = 1
+ROOT_REF_KEY = 156
+SEARCH_KEY_SIZE = 104  # struct btrfs_ioctl_search_key, then the result buffer
+SEARCH_HEADER_SIZE = 32  # struct btrfs_ioctl_search_header before each item
+SEARCH_MAX_ITEMS = 4096
+U64_MAX = (1 << 64) - 1
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -20,7 +36,8 @@ def is_btrfs(path: Path) -> bool:
 
 def is_subvolume(path: Path) -> bool:
     try:
-        return path.stat().st_ino == SUBVOLUME_ROOT_INODE and is_btrfs(path)
+        info = path.lstat()
+        return stat.S_ISDIR(info.st_mode) and info.st_ino == SUBVOLUME_ROOT_INODE and is_btrfs(path)
     except FileNotFoundError:
         return False
 
@@ -53,26 +70,88 @@ def flush(path: Path) -> None:
         os.close(fd)
 
 
-def nested_subvolumes(path: Path) -> list[Path]:
-    """Subvolumes below `path` (e.g. made inside a sandbox), deepest first."""
-    children = [line.split(" path ", 1)[1] for line in
-                shell.output(["btrfs", "subvolume", "list", "-o", str(path)]).splitlines() if " path " in line]
-    if not children:
-        return []
-    own = shell.output(["btrfs", "subvolume", "show", str(path)]).splitlines()[0].strip()  # path from fs top
-    found = []
-    for child in children:
-        child_path = path / child[len(own) + 1:] if own != "/" else path / child
-        found = nested_subvolumes(child_path) + [child_path] + found
-    return found
+def _ioctl_args(size: int, **fields: tuple[int, str, int]) -> bytearray:
+    """A zeroed ioctl argument buffer with `fields` (offset, struct format, value) packed in."""
+    buf = bytearray(size)
+    for offset, fmt, value in fields.values():
+        struct.pack_into(fmt, buf, offset, value)
+    return buf
+
+
+def _subvolume_id_of_fd(fd: int) -> int:
+    """The id of the subvolume that the open directory `fd` is in (INO_LOOKUP of the root inode)."""
+    args = _ioctl_args(IOCTL_ARGS_SIZE, objectid=(8, "=Q", SUBVOLUME_ROOT_INODE))
+    fcntl.ioctl(fd, IOC_INO_LOOKUP, args)
+    return struct.unpack_from("=Q", args, 0)[0]
+
+
+def _child_ids(fd: int, parent_id: int) -> list[int]:
+    """Ids of the subvolumes whose parent is `parent_id`: ROOT_REF items of the root tree, read as
+    binary records (never as text a sandbox could forge with newlines in a name)."""
+    children: list[int] = []
+    min_offset = 0
+    while True:
+        args = _ioctl_args(IOCTL_ARGS_SIZE, tree=(0, "=Q", ROOT_TREE_ID), min_objectid=(8, "=Q", parent_id),
+                           max_objectid=(16, "=Q", parent_id), min_offset=(24, "=Q", min_offset),
+                           max_offset=(32, "=Q", U64_MAX), max_transid=(48, "=Q", U64_MAX),
+                           min_type=(56, "=I", ROOT_REF_KEY), max_type=(60, "=I", ROOT_REF_KEY),
+                           nr_items=(64, "=I", SEARCH_MAX_ITEMS))
+        fcntl.ioctl(fd, IOC_TREE_SEARCH, args)
+        count = struct.unpack_from("=I", args, 64)[0]
+        if count == 0:
+            return children
+        position = SEARCH_KEY_SIZE
+        for _ in range(count):
+            _transid, objectid, offset, item_type, length = struct.unpack_from("=QQQII", args, position)
+            position += SEARCH_HEADER_SIZE + length
+            if objectid == parent_id and item_type == ROOT_REF_KEY:
+                children.append(offset)
+            min_offset = offset + 1
+        if min_offset > U64_MAX:
+            return children
+
+
+def nested_subvolume_ids(path: Path) -> list[int]:
+    """Ids of the subvolumes below `path` (e.g. made inside a sandbox), deepest first. Iterative, so
+    any depth of nesting works."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        found: list[int] = []
+        pending = [_subvolume_id_of_fd(fd)]
+        while pending:
+            children = _child_ids(fd, pending.pop())
+            found.extend(children)
+            pending.extend(children)
+        return found[::-1]  # every child after its parent in `found`: reversed, children come first
+    finally:
+        os.close(fd)
+
+
+def _delete_by_id(mount_fd: int, subvolume_id: int) -> None:
+    args = _ioctl_args(IOCTL_ARGS_SIZE, flags=(16, "=Q", SUBVOL_SPEC_BY_ID), subvolid=(56, "=Q", subvolume_id))
+    try:
+        fcntl.ioctl(mount_fd, IOC_SNAP_DESTROY_V2, args)
+    except OSError as e:
+        if e.errno != errno.ENOENT:  # already gone
+            raise StoreError(f"cannot delete nested subvolume {subvolume_id}: {e.strerror}") from None
 
 
 def delete(path: Path) -> None:
-    """Deletes a subvolume and any subvolumes nested in it (btrfs-progs 6.2 cannot recurse)."""
-    if not path.exists():
+    """Deletes a subvolume and any subvolumes nested in it (btrfs-progs 6.2 cannot recurse). Nested
+    ones are found and deleted by id, so the names a sandbox gives them never matter."""
+    if not is_subvolume(path):
+        if path.is_symlink() or path.exists():
+            raise StoreError(f"{path} is not a btrfs subvolume; refusing to delete it")
         return
-    doomed = [*nested_subvolumes(path), path]
-    shell.run(["btrfs", "subvolume", "delete", *map(str, doomed)], what="btrfs subvolume delete")
+    nested = nested_subvolume_ids(path)
+    if nested:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            for subvolume_id in nested:
+                _delete_by_id(fd, subvolume_id)
+        finally:
+            os.close(fd)
+    shell.run(["btrfs", "subvolume", "delete", str(path)], what="btrfs subvolume delete")
 
 
 def exclusive_sizes(mount: Path) -> dict[int, int] | None:

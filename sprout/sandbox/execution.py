@@ -1,7 +1,9 @@
 """Running one command in a sandbox: through sprout-runtime (setns, fast) or `podman exec` (fallback).
 
 Both give the same result: merged stdout+stderr capped with a marker, the exit code, the duration,
-and on timeout or cancellation the command's whole process tree killed inside the sandbox.
+and on timeout or cancellation every process the sandbox started while the command ran killed
+(runtime.kill_new_processes: setsid, double forks or a cleared environment do not escape it; a command
+running at the same time in the same sandbox loses what it started meanwhile too).
 """
 
 import marshal
@@ -9,17 +11,16 @@ import os
 import selectors
 import subprocess
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from .podman import PODMAN
+from .runtime import kill_new_processes, processes
 
 DEFAULT_MAX_OUTPUT = 1 << 20
-EXEC_MARKER = "SPROUT_EXEC_ID"  # set on podman-exec commands so their processes can be found and killed
 TIMEOUT_EXIT_CODE = 124
-KILL_ROUNDS = 5  # rescans when killing marked processes: one may fork while being killed
 EXIT_GRACE_S = 0.05  # output still buffered when the command exits is read within this
+CLIENT_EXIT_S = 5.0  # how long `podman exec` may take to return once its command's processes are killed
 
 
 @dataclass
@@ -120,58 +121,28 @@ def run_via_runtime(runtime_bin: Path, profile: Path, argv: list[str], cwd: str,
     return ExecResult(output, status["exit_code"], time.monotonic() - started, status["timed_out"], truncated)
 
 
-def kill_marked(marker: str, key: str = EXEC_MARKER, cgroup_procs: list[str] | None = None) -> int:
-    """SIGKILLs every process whose environment carries `key=marker` (among the sandbox's processes when
-    `cgroup_procs` is given, else all of /proc), rescanning while a process may still be forking;
-    returns how many it killed."""
-    needle = f"{key}={marker}".encode()
-    killed: set[int] = set()
-    for _ in range(KILL_ROUNDS):
-        found = 0
-        for pid in _candidate_pids(cgroup_procs) - killed:
-            try:
-                if needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-                    os.kill(pid, 9)
-                    killed.add(pid)
-                    found += 1
-            except OSError:
-                continue
-        if not found:
-            break
-    return len(killed)
-
-
-def _candidate_pids(cgroup_procs: list[str] | None) -> set[int]:
-    if cgroup_procs is None:
-        return {int(entry) for entry in os.listdir("/proc") if entry.isdigit()}
-    pids: set[int] = set()
-    for procs in cgroup_procs:
-        try:
-            pids.update(int(p) for p in Path(procs).read_text().split())
-        except OSError:
-            continue
-    return pids
-
-
 def run_via_podman(container: str, cgroup_procs: list[str], argv: list[str], cwd: str, user: str,
                    env: dict[str, str], timeout: float | None, max_output: int) -> ExecResult:
     started = time.monotonic()
-    marker = uuid.uuid4().hex
-    cmd = [*PODMAN, "exec", "--workdir", cwd, "--env", f"{EXEC_MARKER}={marker}"]
+    cmd = [*PODMAN, "exec", "--workdir", cwd]
     if user:
         cmd += ["--user", user]
     for key, value in env.items():
         cmd += ["--env", f"{key}={value}"]
+    before = processes(cgroup_procs)
     proc = subprocess.Popen([*cmd, container, *argv], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     deadline = None if timeout is None else started + timeout
     try:
         reader, timed_out = _drain(proc, max_output, deadline)
+        timed_out = timed_out or not _exits_by(proc, deadline)
         if timed_out:
-            kill_marked(marker, cgroup_procs=cgroup_procs)
+            kill_new_processes(cgroup_procs, before)
+            if not _exits_by(proc, time.monotonic() + CLIENT_EXIT_S):
+                proc.kill()  # `podman exec` itself hung, e.g. reading a FIFO the agent left as /etc/passwd
         proc.wait()
     except BaseException:
-        kill_marked(marker, cgroup_procs=cgroup_procs)
+        kill_new_processes(cgroup_procs, before)
         proc.kill()
         proc.wait()
         raise
@@ -182,3 +153,11 @@ def run_via_podman(container: str, cgroup_procs: list[str], argv: list[str], cwd
     if timed_out:
         output += f"\nsprout: timed out after {timeout:g}s; the command's processes were killed\n"
     return ExecResult(output, code, time.monotonic() - started, timed_out, truncated)
+
+
+def _exits_by(proc: subprocess.Popen, deadline: float | None) -> bool:
+    try:
+        proc.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return False
+    return True

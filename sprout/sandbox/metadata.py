@@ -1,7 +1,8 @@
 """Metadata of images, sandboxes and checkpoints: one SQLite file beside the store's subvolumes.
 
 A row is written only after its subvolume exists, so a crash mid-operation leaves at worst an
-orphan subvolume without a row (never listed, removed by gc), never a row that lists but is broken.
+orphan subvolume without a row (never listed, removed by gc); gc also drops rows whose subvolume went.
+`owner` (JSON, optional) names the process a sandbox or checkpoint belongs to until it is adopted.
 """
 
 import json
@@ -38,6 +39,9 @@ class Metadata:
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(checkpoints)")}
         if "limits" not in columns:  # stores made before checkpoints kept their sandbox's limits
             self._db.execute("ALTER TABLE checkpoints ADD COLUMN limits TEXT")
+        for table in ("sandboxes", "checkpoints"):  # stores made before sandboxes had owners
+            if "owner" not in {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN owner TEXT")
         self._lock = threading.RLock()  # one connection, shared by the threads of a process
 
     @contextmanager
@@ -68,15 +72,19 @@ class Metadata:
                      key, image_id, json.dumps(names), json.dumps(config), time.time())
 
     def put_sandbox(self, sandbox_id: str, image_key: str, base_checkpoint: str | None, container: str,
-                    limits: dict, label: str | None) -> None:
-        self.execute("INSERT INTO sandboxes VALUES (?, ?, ?, NULL, ?, ?, ?, ?)", sandbox_id, image_key,
-                     base_checkpoint, container, json.dumps(limits), label, time.time())
+                    limits: dict, label: str | None, owner: dict | None = None) -> None:
+        self.execute("INSERT INTO sandboxes (id, image_key, base_checkpoint, last_checkpoint, container, limits, "
+                     "label, created, owner) VALUES (?, ?, ?, NULL, ?, ?, ?, ?, ?)", sandbox_id, image_key,
+                     base_checkpoint, container, json.dumps(limits), label, time.time(),
+                     json.dumps(owner) if owner else None)
 
     def put_checkpoint(self, checkpoint_id: str, sandbox_id: str, image_key: str, parent: str | None,
                        label: str | None, created: float, duration_ms: float, limits: dict) -> None:
         with self.transaction() as db:
-            db.execute("INSERT INTO checkpoints VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (
-                checkpoint_id, sandbox_id, image_key, parent, label, created, duration_ms, json.dumps(limits)))
+            db.execute("INSERT INTO checkpoints (id, sandbox_id, image_key, parent, label, created, duration_ms, "
+                       "limits, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, (SELECT owner FROM sandboxes WHERE id = ?))",
+                       (checkpoint_id, sandbox_id, image_key, parent, label, created, duration_ms,
+                        json.dumps(limits), sandbox_id))
             db.execute("UPDATE sandboxes SET last_checkpoint = ? WHERE id = ?", (checkpoint_id, sandbox_id))
 
     def close(self) -> None:

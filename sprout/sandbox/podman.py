@@ -13,6 +13,7 @@ CGROUP_MANAGER = os.environ.get("SPROUT_CGROUP_MANAGER", "cgroupfs")
 PODMAN = ["podman", "--runtime", RUNTIME, "--cgroup-manager", CGROUP_MANAGER, "--events-backend", "file"]
 NOFILE_WANTED = 1 << 20
 NPROC_WANTED = 32768  # podman caps its own (hence conmon and runc) nproc limit here
+START_TIMEOUT_S = float(os.environ.get("SPROUT_START_TIMEOUT", "120"))  # `podman run` of one sandbox
 
 
 def ulimit_flags() -> list[str]:
@@ -93,7 +94,7 @@ def run_container(spec: ContainerSpec) -> str:
         args += ["--network", "none"]
     args += ["--rootfs", spec.rootfs, "sleep", "infinity"]
     try:
-        return podman(*args, what="podman run")
+        return podman(*args, what="podman run", timeout=START_TIMEOUT_S)
     except CommandError:
         shell.run([*PODMAN, "rm", "-f", "-t", "0", spec.name], check=False)
         raise

@@ -13,16 +13,16 @@ How a command is entered (see notes/host-sandbox.md for why each step exists):
 Everything the child applies comes from the sandbox's exec profile (marshal, fast to load), written by the SDK
 from the container's init process, which runc confined with the same spec `podman exec` uses.
 
-Exit status: the command's own; 124 when it timed out (its whole session is killed); 125 when the
+Exit status: the command's own; 124 when it timed out (every process it started is killed); 125 when the
 runtime itself failed. `--status-fd N` also writes a marshalled dict {"exit_code", "timed_out", "killed", ...}.
 """
 
+import _signal as signal  # the enum-free core of `signal`: this runs on every command
 import ctypes
 import marshal
 import os
 import resource
 import select
-import _signal as signal  # the enum-free core of `signal`: this runs on every command
 import sys
 import time
 import warnings  # noqa: F401  (os.execvpe imports it lazily: after setns(mnt) the host stdlib is gone)
@@ -38,6 +38,8 @@ CAP_LAST = 40
 NAMESPACES = ("ipc", "uts", "net", "mnt")
 EXIT_TIMEOUT = 124
 EXIT_RUNTIME_ERROR = 125
+FREEZE_TIMEOUT_S = 5.0
+KILL_ROUNDS = 5
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -134,40 +136,87 @@ def _enter_and_exec(profile: dict, ns_fds: dict, cwd: str, env: dict, argv: list
         os._exit(127 if isinstance(e, FileNotFoundError) else 126)
 
 
-def _session_members(sid: int) -> list[int]:
-    members = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
+def _cgroup_pids(cgroup_procs: list[str]) -> set[int]:
+    pids: set[int] = set()
+    for procs in cgroup_procs:
         try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
+            with open(procs) as f:
+                pids.update(int(p) for p in f.read().split())
         except OSError:
             continue
-        fields = stat[stat.rindex(b")") + 2:].split()
-        if int(fields[3]) == sid:  # field 6 of stat: session id
-            members.append(int(name))
-    return members
+    return pids
 
 
-def kill_session(sid: int) -> int:
-    """Stops, then kills, every process of the command's session; returns how many were killed."""
-    killed: set[int] = set()
-    for _ in range(5):  # repeat: a process may fork while we scan
-        members = [p for p in _session_members(sid) if p not in killed]
-        if not members:
-            break
-        for pid in members:
-            try:
-                os.kill(pid, signal.SIGSTOP)
-            except ProcessLookupError:
-                pass
-        for pid in members:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed.add(pid)
-            except ProcessLookupError:
-                pass
+def processes(cgroup_procs: list[str]) -> set[tuple[int, int]]:
+    """(pid, start time) of every process in the sandbox's cgroups: who is there, pid reuse aside."""
+    found = set()
+    for pid in _cgroup_pids(cgroup_procs):
+        try:
+            found.add((pid, _proc_starttime(pid)))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def _freezer_files(cgroup_procs: list[str]) -> tuple[str, str, bytes, bytes] | None:
+    """(control file, state file, frozen value, thawed value) of the sandbox's freezer, v1 or v2."""
+    for procs in cgroup_procs:
+        directory = os.path.dirname(procs)
+        if os.path.exists(directory + "/freezer.state"):
+            return directory + "/freezer.state", directory + "/freezer.state", b"FROZEN", b"THAWED"
+        if os.path.exists(directory + "/cgroup.freeze"):
+            return directory + "/cgroup.freeze", directory + "/cgroup.events", b"1", b"0"
+    return None
+
+
+def freeze(cgroup_procs: list[str], timeout_s: float = FREEZE_TIMEOUT_S) -> bool:
+    """Freezes every process of the sandbox (the cgroup freezer: they stop between system calls) and
+    waits until all are frozen; False when the sandbox has no freezer or it did not settle in time
+    (then it is thawed again)."""
+    files = _freezer_files(cgroup_procs)
+    if files is None:
+        return False
+    control, state, frozen, _ = files
+    with open(control, "wb") as f:
+        f.write(frozen)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with open(state, "rb") as f:
+            text = f.read()
+        if text.strip() == b"FROZEN" or b"frozen 1" in text:
+            return True
+        time.sleep(0.0002)
+    thaw(cgroup_procs)
+    return False
+
+
+def thaw(cgroup_procs: list[str]) -> None:
+    files = _freezer_files(cgroup_procs)
+    if files is not None:
+        with open(files[0], "wb") as f:
+            f.write(files[3])
+
+
+def kill_new_processes(cgroup_procs: list[str], before: set[tuple[int, int]]) -> int:
+    """SIGKILLs every process of the sandbox that is not in `before` (what ran before a command began):
+    the command's whole tree, whatever it did to escape it (setsid, double fork, a cleared environment).
+    The sandbox is frozen meanwhile, so nothing forks between the scan and the kill."""
+    frozen = freeze(cgroup_procs)
+    killed: set[tuple[int, int]] = set()
+    try:
+        for _ in range(KILL_ROUNDS):  # without a freezer, a process may fork while we scan
+            new = processes(cgroup_procs) - before - killed
+            if not new:
+                break
+            for pid, _start in new:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            killed |= new
+    finally:
+        if frozen:
+            thaw(cgroup_procs)
     return len(killed)
 
 
@@ -194,6 +243,7 @@ def run(profile: dict, cwd: str, extra_env: dict, argv: list[str], timeout: floa
         raise RuntimeFailure("sandbox is not running (its init process is gone)") from None
     os.setns(pid_ns, os.CLONE_NEWPID)
     env = dict(profile["env"]) | extra_env
+    before = processes(profile["cgroup_procs"])
     started = time.monotonic()
     err_r, err_w = os.pipe()
     child = os.fork()
@@ -209,7 +259,7 @@ def run(profile: dict, cwd: str, extra_env: dict, argv: list[str], timeout: floa
         os.close(fd)
 
     def on_signal(signum, _frame):
-        kill_session(child)
+        kill_new_processes(profile["cgroup_procs"], before)
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -219,7 +269,7 @@ def run(profile: dict, cwd: str, extra_env: dict, argv: list[str], timeout: floa
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
     timed_out = not poller.poll(None if timeout is None else max(timeout, 0) * 1000)
-    killed = kill_session(child) if timed_out else 0
+    killed = kill_new_processes(profile["cgroup_procs"], before) if timed_out else 0
     _, status = os.waitpid(child, 0)
     setup_error = os.read(err_r, 65536).decode(errors="replace")
     code = os.waitstatus_to_exitcode(status)

@@ -13,15 +13,22 @@ import json
 import marshal
 import os
 import secrets
+import socket
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import btrfs, confinement, execution, podman, shell, users
-from .errors import (CheckpointNotFound, ImageNotFound, InUseError, SandboxNotFound, SandboxStateError,
-                     StoreError)
+from . import btrfs, confinement, execution, podman, rootfs, runtime, shell, users
+from .errors import (
+    CheckpointNotFound,
+    ImageNotFound,
+    InUseError,
+    SandboxNotFound,
+    SandboxStateError,
+    StoreError,
+)
 from .execution import DEFAULT_MAX_OUTPUT, ExecResult
 from .metadata import Metadata
 from .podman import ImageConfig
@@ -148,20 +155,42 @@ class Sandbox:
         return execution.run_via_podman(self.container, profile["cgroup_procs"], argv, cwd,
                                         str(user) if user is not None else config.user, env, timeout, max_output)
 
+    def processes(self) -> set[tuple[int, int]]:
+        """(pid, start time) of the processes running in the sandbox now."""
+        profile = self._profile()
+        return runtime.processes(profile["cgroup_procs"]) if profile else set()
+
+    def kill_processes_since(self, before: set[tuple[int, int]]) -> int:
+        """SIGKILLs every process the sandbox started since `before` was taken (see processes())."""
+        profile = self._profile()
+        return runtime.kill_new_processes(profile["cgroup_procs"], before) if profile else 0
+
     def checkpoint(self, label: str | None = None) -> Checkpoint:
-        """A read-only, consistent snapshot of the sandbox's filesystem (flushed first)."""
+        """A point-in-time, read-only snapshot of the sandbox's filesystem: its processes are frozen
+        (cgroup freezer) while the filesystem is flushed and snapshotted, so no write lands half-way."""
         checkpoint_id = _new_id("ck")
-        started = time.perf_counter()
-        btrfs.flush(self.path)
-        btrfs.snapshot(self.path, self.store.root / "checkpoints" / checkpoint_id, readonly=True)
-        duration_ms = (time.perf_counter() - started) * 1000
-        parent = self.last_checkpoint or self.base_checkpoint
-        created = time.time()
-        self.store.meta.put_checkpoint(checkpoint_id, self.id, self.image_key, parent, label, created,
-                                       duration_ms, self.limits)
+        with self.store.building():
+            started = time.perf_counter()
+            self._snapshot_frozen(self.store.root / "checkpoints" / checkpoint_id)
+            duration_ms = (time.perf_counter() - started) * 1000
+            parent = self.last_checkpoint or self.base_checkpoint
+            created = time.time()
+            self.store.meta.put_checkpoint(checkpoint_id, self.id, self.image_key, parent, label, created,
+                                           duration_ms, self.limits)
         self.last_checkpoint = checkpoint_id
         return Checkpoint(self.store, checkpoint_id, self.id, self.image_key, parent, label, created,
                           duration_ms, dict(self.limits))
+
+    def _snapshot_frozen(self, dest: Path) -> None:
+        profile = self._profile()
+        if profile is not None and not runtime.freeze(profile["cgroup_procs"]):
+            raise SandboxStateError(f"cannot checkpoint {self.id}: its processes did not freeze in time")
+        try:
+            btrfs.flush(self.path)
+            btrfs.snapshot(self.path, dest, readonly=True)
+        finally:
+            if profile is not None:
+                runtime.thaw(profile["cgroup_procs"])
 
     def start(self) -> None:
         """(Re)starts the sandbox's container on its subvolume, e.g. after a host restart."""
@@ -180,9 +209,15 @@ class Sandbox:
 
 
 class Store:
-    def __init__(self, root: Path | None = None, runtime_bin: Path | None = None):
+    """`owner`: who the sandboxes made through this Store belong to (e.g. a worker's job and lease). They
+    and their checkpoints carry it, with this process, until `adopt` takes the checkpoints over; when the
+    process is gone, gc (and a worker's start) reaps what it left. Without an owner, nothing is reaped."""
+
+    def __init__(self, root: Path | None = None, runtime_bin: Path | None = None, owner: dict | None = None):
         self.root = Path(root or default_root()).expanduser().absolute()
         self.runtime_bin = runtime_bin if runtime_bin is not None else default_runtime_bin()
+        self.owner = None if owner is None else {**owner, "host": socket.gethostname(), "pid": os.getpid(),
+                                                 "start": confinement.proc_starttime(os.getpid())}
         ensure_mounted(self.root)
         for sub in ("images", "sandboxes", "checkpoints", "state/sandboxes", "state/locks", "cache"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
@@ -190,16 +225,21 @@ class Store:
 
     # ---------------------------------------------------------------- images
     @contextmanager
-    def _lock(self, name: str) -> Iterator[None]:
-        with open(self.root / "state" / "locks" / name, "w") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
+    def _lock(self, name: str, shared: bool = False) -> Iterator[None]:
+        with open(self.root / "state" / "locks" / name, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
             yield
+
+    def building(self) -> AbstractContextManager[None]:
+        """Held (shared, across processes) while subvolumes are made whose rows come later; gc waits for
+        every holder, so it never takes something half-made for an orphan."""
+        return self._lock("store", shared=True)
 
     def import_image(self, reference: str) -> Image:
         """Unpacks a podman image into a read-only subvolume, once per image id (cached)."""
         config = podman.inspect_image(reference)
         key = f"im-{config.image_id.removeprefix('sha256:')[:12]}"
-        with self._lock(key):
+        with self._lock(key), self.building():
             path = self.root / "images" / key
             if btrfs.is_subvolume(path) and self.meta.one("SELECT 1 FROM images WHERE key = ?", key):
                 names = sorted(set(self.image(key).names) | set(config.names))
@@ -270,17 +310,20 @@ class Store:
             raise StoreError(f"the subvolume of {what} is missing from the store at {source}")
         sandbox = Sandbox(self, sandbox_id, image.key, from_checkpoint.id if from_checkpoint else None, None,
                           CONTAINER_PREFIX + sandbox_id, limits, label, time.time())
-        btrfs.snapshot(source, sandbox.path, readonly=False)
-        try:
-            self._start_container(sandbox)
-        except BaseException:
-            podman.remove_container(sandbox.container)
-            btrfs.delete(sandbox.path)
-            raise
-        self.meta.put_sandbox(sandbox_id, image.key, sandbox.base_checkpoint, sandbox.container, limits, label)
+        with self.building():
+            btrfs.snapshot(source, sandbox.path, readonly=False)
+            try:
+                self._start_container(sandbox)
+            except BaseException:
+                podman.remove_container(sandbox.container)
+                btrfs.delete(sandbox.path)
+                raise
+            self.meta.put_sandbox(sandbox_id, image.key, sandbox.base_checkpoint, sandbox.container, limits, label,
+                                  self.owner)
         return sandbox
 
     def _start_container(self, sandbox: Sandbox) -> None:
+        _check_startable(sandbox.path)
         config = self.image(sandbox.image_key).config
         spec = podman.ContainerSpec(
             name=sandbox.container, rootfs=str(sandbox.path), env=config.env, workdir=config.workdir,
@@ -343,51 +386,124 @@ class Store:
         return btrfs.disk_usage([checkpoint.path]) if checkpoint.exists else None
 
     # ---------------------------------------------------------------- maintenance
+    def adopt(self, checkpoint_ids: list[str]) -> None:
+        """Takes checkpoints out of their owner's hands: a finished attempt's checkpoints outlive it."""
+        with self.meta.transaction() as db:
+            db.executemany("UPDATE checkpoints SET owner = NULL WHERE id = ?", [(c,) for c in checkpoint_ids])
+
     def gc(self, older_than_s: float | None = None, dry_run: bool = False) -> list[str]:
         """Removes what no one references; returns what it removed (or would remove).
 
-        Always: subvolumes without a metadata row (left by a crash) and containers of sandboxes that
-        no longer exist. With `older_than_s`: checkpoints older than that with no live branch and no
-        child checkpoint, and images no sandbox or checkpoint uses and podman no longer has."""
+        Always: sandboxes and checkpoints whose owner process on this host is gone (a killed worker's),
+        subvolumes without a metadata row (left by a crash), rows whose subvolume is gone, and containers
+        of sandboxes that no longer exist. With `older_than_s`: checkpoints older than that with no live
+        branch and no child checkpoint, and images no sandbox or checkpoint uses and podman no longer has.
+        It holds the store's lock, so nothing being made meanwhile is taken for an orphan."""
+        with self._lock("store"):
+            removed = self._reap(dry_run) + self._reconcile(dry_run)
+            if older_than_s is not None:
+                removed += self._collect_old(time.time() - older_than_s, dry_run)
+        return removed
+
+    def reap(self, dry_run: bool = False) -> list[str]:
+        """Removes the sandboxes and checkpoints whose owner process on this host is gone."""
+        with self._lock("store"):
+            return self._reap(dry_run)
+
+    def _reap(self, dry_run: bool) -> list[str]:
+        removed = []
+        for table, kind in (("sandboxes", "sandbox"), ("checkpoints", "checkpoint")):
+            for row in self.meta.all(f"SELECT id, owner FROM {table} WHERE owner IS NOT NULL ORDER BY created DESC"):
+                owner = json.loads(row["owner"])
+                if _owner_alive(owner):
+                    continue
+                removed.append(f"{kind} {row['id']} of dead owner {_describe_owner(owner)}")
+                if not dry_run:
+                    if kind == "sandbox":
+                        self.remove_sandbox(row["id"], force=True)
+                    else:
+                        self.remove_checkpoint(row["id"], force=True)
+        return removed
+
+    def _reconcile(self, dry_run: bool) -> list[str]:
+        """Orphan subvolumes and containers, and rows whose subvolume is gone."""
         removed: list[str] = []
         known = {
-            "sandboxes": {s.id for s in self.sandboxes()},
+            "sandboxes": {row["id"] for row in self.meta.all("SELECT id FROM sandboxes")},
             "checkpoints": {row["id"] for row in self.meta.all("SELECT id FROM checkpoints")},
             "images": {row["key"] for row in self.meta.all("SELECT key FROM images")},
         }
         for kind, ids in known.items():
+            singular = kind.removesuffix("es") if kind == "sandboxes" else kind[:-1]
             for path in sorted((self.root / kind).iterdir()):
                 if path.name not in ids and btrfs.is_subvolume(path):
-                    removed.append(f"orphan {kind[:-1]} subvolume {path.name}")
+                    removed.append(f"orphan {singular} subvolume {path.name}")
                     if not dry_run:
                         btrfs.delete(path)
+            for name in sorted(ids):
+                if not btrfs.is_subvolume(self.root / kind / name):
+                    removed.append(f"{singular} {name} whose subvolume is gone")
+                    if not dry_run:
+                        self._forget(kind, name)
         for name in podman.container_names(f"{STORE_LABEL}={self.root}"):
             if name.removeprefix(CONTAINER_PREFIX) not in known["sandboxes"]:
                 removed.append(f"orphan container {name}")
                 if not dry_run:
                     podman.remove_container(name)
-        if older_than_s is not None:
-            cutoff = time.time() - older_than_s
-            referenced = {row["parent"] for row in self.meta.all("SELECT parent FROM checkpoints")}
-            referenced |= {row["base_checkpoint"] for row in self.meta.all("SELECT base_checkpoint FROM sandboxes")}
-            for checkpoint in self.checkpoints():
-                if checkpoint.created < cutoff and checkpoint.id not in referenced:
-                    removed.append(f"checkpoint {checkpoint.id}")
-                    if not dry_run:
-                        self.remove_checkpoint(checkpoint.id)
-            used = {row["image_key"] for row in self.meta.all(
-                "SELECT image_key FROM sandboxes UNION SELECT image_key FROM checkpoints")}
-            podman_ids = {i.removeprefix("sha256:") for i in podman_image_ids()}
-            for image in self.images():
-                if image.key not in used and image.image_id.removeprefix("sha256:") not in podman_ids:
-                    removed.append(f"image {image.key}")
-                    if not dry_run:
-                        self.remove_image(image.key)
         return removed
+
+    def _forget(self, kind: str, name: str) -> None:
+        if kind == "sandboxes":
+            self.sandbox(name).stop()
+            shell.run(["rm", "-rf", str(self.root / "state" / "sandboxes" / name)], check=False)
+        self.meta.execute(f"DELETE FROM {kind} WHERE {'key' if kind == 'images' else 'id'} = ?", name)
+
+    def _collect_old(self, cutoff: float, dry_run: bool) -> list[str]:
+        removed = []
+        referenced = {row["parent"] for row in self.meta.all("SELECT parent FROM checkpoints")}
+        referenced |= {row["base_checkpoint"] for row in self.meta.all("SELECT base_checkpoint FROM sandboxes")}
+        for checkpoint in self.checkpoints():
+            if checkpoint.created < cutoff and checkpoint.id not in referenced:
+                removed.append(f"checkpoint {checkpoint.id}")
+                if not dry_run:
+                    self.remove_checkpoint(checkpoint.id)
+        used = {row["image_key"] for row in self.meta.all(
+            "SELECT image_key FROM sandboxes UNION SELECT image_key FROM checkpoints")}
+        podman_ids = {i.removeprefix("sha256:") for i in podman_image_ids()}
+        for image in self.images():
+            if image.key not in used and image.image_id.removeprefix("sha256:") not in podman_ids:
+                removed.append(f"image {image.key}")
+                if not dry_run:
+                    self.remove_image(image.key)
+        return removed
+
+
+def _owner_alive(owner: dict) -> bool:
+    """Whether the owner's process still runs (an owner on another host is assumed to)."""
+    if owner.get("host") != socket.gethostname():
+        return True
+    try:
+        return confinement.proc_starttime(int(owner["pid"])) == owner.get("start")
+    except (OSError, ValueError, KeyError, IndexError):
+        return False
+
+
+def _describe_owner(owner: dict) -> str:
+    return ", ".join(f"{key} {owner[key]}" for key in ("worker", "job", "pid") if owner.get(key) is not None)
 
 
 def podman_image_ids() -> set[str]:
     return set(podman.podman("images", "-q", "--no-trunc").split())
+
+
+def _check_startable(root: Path) -> None:
+    """runc reads the rootfs's /etc/passwd and /etc/group when a container starts: a FIFO there blocks the
+    start forever and a device is read without end, so such a rootfs is refused with the reason."""
+    for path in ("/etc/passwd", "/etc/group"):
+        try:
+            rootfs.check_regular(root, path)
+        except rootfs.UnsafeFile as e:
+            raise SandboxStateError(f"cannot start a container on {root.name}: {e}") from None
 
 
 def _short_name_match(name: str, names_json: str) -> bool:

@@ -1,0 +1,85 @@
+"""Reading a sandbox's files from the host without trusting them.
+
+A sandbox's rootfs is a host directory its agent controls. A host-side read resolves the path as the
+sandbox would (openat2 with RESOLVE_IN_ROOT: an absolute symlink or `..` never leaves the rootfs),
+opens only regular files (a FIFO, device or socket is refused before it is opened for reading, so
+nothing blocks and no host device is read), and reads at most a bounded number of bytes.
+"""
+
+import ctypes
+import errno
+import os
+import stat
+from pathlib import Path
+
+from .errors import SproutError
+
+SYS_OPENAT2 = 437  # the same number on every architecture (new syscalls share one table)
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_IN_ROOT = 0x10
+O_PATH = getattr(os, "O_PATH", 0o10000000)
+DEFAULT_MAX_BYTES = 4 << 20
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class UnsafeFile(SproutError):
+    """A sandbox file that the host refuses to read (not a regular file, or too large)."""
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def open_in_root(root: Path, path: str, flags: int) -> int:
+    """A file descriptor for the in-sandbox `path`, resolved with `root` as `/`."""
+    how = _OpenHow(flags | os.O_CLOEXEC, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = _libc.syscall(SYS_OPENAT2, root_fd, os.fsencode(path.lstrip("/") or "."), ctypes.byref(how),
+                           ctypes.sizeof(how))
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), path)
+        return fd
+    finally:
+        os.close(root_fd)
+
+
+def _regular_file_handle(root: Path, path: str) -> int | None:
+    """An O_PATH descriptor of the regular file `path` inside the sandbox (None: nothing there)."""
+    try:
+        handle = open_in_root(root, path, O_PATH)
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            return None
+        raise UnsafeFile(f"cannot open {path} in the sandbox: {e.strerror}") from None
+    if not stat.S_ISREG(os.fstat(handle).st_mode):
+        os.close(handle)
+        raise UnsafeFile(f"{path} in the sandbox is not a regular file")
+    return handle
+
+
+def check_regular(root: Path, path: str) -> None:
+    """Raises UnsafeFile unless `path` inside the sandbox is a regular file or absent."""
+    handle = _regular_file_handle(root, path)
+    if handle is not None:
+        os.close(handle)
+
+
+def read_file(root: Path, path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes | None:
+    """The bytes of the regular file `path` inside the sandbox, or None when it does not exist.
+    Raises UnsafeFile for anything else there (FIFO, device, socket, directory) or a larger file."""
+    handle = _regular_file_handle(root, path)
+    if handle is None:
+        return None
+    try:
+        fd = os.open(f"/proc/self/fd/{handle}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    finally:
+        os.close(handle)
+    try:  # the O_PATH descriptor pinned the inode: this is the regular file checked above
+        data = os.read(fd, max_bytes + 1)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise UnsafeFile(f"{path} in the sandbox is larger than {max_bytes} bytes")
+    return data
