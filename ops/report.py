@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from rich.markup import escape
 from rich.table import Table
 
 from ops.report_task import add_task_parser
@@ -44,11 +45,12 @@ def cmd_snapshots(args) -> int:
     except SproutError:
         store = None
     header = journal.header
-    title = f"{args.journal}: {_short(header.task, 70)}"
+    title = escape(f"{args.journal}: {_short(header.task, 70)}")  # rich markup: a path may hold "[...]"
     table = Table("turn", "checkpoint", "command", "exit", "ckpt ms", "exclusive", "exists", title=title)
     for turn in journal.turns:
         state, size = _checkpoint_state(store, turn.checkpoint)
-        table.add_row(str(turn.turn), turn.checkpoint or "-", _short(turn.commands[0] if turn.commands else "-", 50),
+        command = escape(_short(turn.commands[0] if turn.commands else "-", 50))  # the agent's text, not markup
+        table.add_row(str(turn.turn), turn.checkpoint or "-", command,
                       "-" if turn.exit_code is None else str(turn.exit_code),
                       "-" if turn.checkpoint_ms is None else f"{turn.checkpoint_ms:.1f}", human_bytes(size), state)
     console.print(table)
@@ -58,9 +60,10 @@ def cmd_snapshots(args) -> int:
                       f"{outcome.tokens_in + outcome.tokens_out:,} tokens, {outcome.wall_s:.1f}s, "
                       f"final checkpoint {outcome.final_checkpoint}")
     if header.parent:
-        console.print(f"branched from {header.parent.journal} turn {header.parent.turn} ({header.parent.checkpoint})")
+        console.print(f"branched from {header.parent.journal} turn {header.parent.turn} ({header.parent.checkpoint})",
+                      markup=False)
     for problem in journal.problems:
-        errors.print(f"warning: {problem}")
+        errors.print(f"warning: {problem}", markup=False)
     return 0
 
 
@@ -79,8 +82,8 @@ def to_markdown(journal: Journal) -> str:
             lines.append(f"| note | {h.parent.note} |")
     for turn in journal.turns:
         lines += ["", f"## Turn {turn.turn}", "",
-                  f"checkpoint `{turn.checkpoint}` · exit {turn.exit_code} · {turn.tokens_in}+{turn.tokens_out} tokens"
-                  f" · model {turn.model_latency_s:.2f}s · command {turn.command_s:.2f}s", ""]
+                  (f"checkpoint `{turn.checkpoint}` · exit {turn.exit_code} · {turn.tokens_in}+{turn.tokens_out} "
+                   f"tokens · model {turn.model_latency_s:.2f}s · command {turn.command_s:.2f}s"), ""]
         if turn.thought.strip():
             lines += [turn.thought.strip(), ""]
         for command in turn.commands:
@@ -91,8 +94,8 @@ def to_markdown(journal: Journal) -> str:
     o = journal.outcome
     lines += ["", "## Outcome", ""]
     if o:
-        lines += [f"**{o.status}** ({o.exit_status}) after {o.turns} turns, {o.tokens_in + o.tokens_out:,} tokens, "
-                  f"{o.wall_s:.1f}s; final checkpoint `{o.final_checkpoint}`."]
+        lines += [(f"**{o.status}** ({o.exit_status}) after {o.turns} turns, {o.tokens_in + o.tokens_out:,} "
+                   f"tokens, {o.wall_s:.1f}s; final checkpoint `{o.final_checkpoint}`.")]
         if o.message:
             lines += ["", f"> {o.message}"]
         if o.submission.strip():
@@ -109,7 +112,7 @@ def cmd_export(args) -> int:
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(markdown)
-        console.print(f"wrote {args.output}")
+        console.print(f"wrote {args.output}", markup=False)
     else:
         sys.stdout.write(markdown)
     return 0

@@ -5,6 +5,7 @@ import sys
 from collections.abc import Callable
 
 from rich.console import Console
+from rich.markup import escape
 
 from .sandbox.errors import SproutError
 
@@ -17,7 +18,7 @@ def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = No
     try:
         code = main(sys.argv[1:] if argv is None else argv)
     except SproutError as e:
-        errors.print(f"[red]error:[/red] {e}", markup=True)
+        errors.print(f"[red]error:[/red] {escape(str(e))}", markup=True)  # a path may hold "[...]"
         code = 1
     except KeyboardInterrupt:
         errors.print("interrupted")

@@ -146,11 +146,19 @@ class Journal(BaseModel):
 
 
 def read_journal(path: Path) -> Journal:
-    """Reads and validates a journal; a truncated or invalid line is reported in `problems`."""
+    """Reads and validates a journal; a truncated or invalid line is reported in `problems`. A path
+    that is no journal (a directory, a special, binary or unreadable file) is one SproutError."""
+    if path.exists() and not path.is_file():
+        kind = "a directory" if path.is_dir() else "not a regular file"
+        raise SproutError(f"{path} is {kind}, not a journal (a .jsonl file)")
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
         raise SproutError(f"no journal at {path}") from None
+    except UnicodeDecodeError:
+        raise SproutError(f"{path} is not a journal: it is binary, not UTF-8 text") from None
+    except OSError as e:
+        raise SproutError(f"cannot read the journal {path}: {e.strerror or e}") from None
     if not lines:
         raise SproutError(f"{path} is empty")
     try:
@@ -160,7 +168,8 @@ def read_journal(path: Path) -> Journal:
     turns, outcome, problems = [], None, []
     for number, line in enumerate(lines[1:], start=2):
         try:
-            kind = json.loads(line).get("kind")
+            record = json.loads(line)
+            kind = record.get("kind") if isinstance(record, dict) else None
             if kind == "turn":
                 turns.append(Turn.model_validate_json(line))
             elif kind == "outcome":

@@ -3,7 +3,9 @@
 The reviewer is called over the Chat Completions API with httpx (JSON mode asked for) and must answer
 with a `ReviewAnswer` JSON object; the first JSON object in its content is used. An answer that cannot
 be used (HTTP error, no JSON, schema errors, no valid turn) is retried with the problem explained, up
-to `retries` more times; then the **fallback rule** chooses the points, and the record says why:
+to `retries` more times; then the **fallback rule** chooses the points, and the record says why. An
+endpoint that answers 401, 403 or 404 (a wrong key, URL or model) is not retried and gets no fallback:
+`ReviewerRefused` ends the evaluation with that error.
 
     evenly spaced earlier turns: for n branches over a trajectory of T turns, the distinct turns
     round(T * i / (n + 1)) for i = 1..n, clipped to the valid range 0..min(T, step_limit) - 1,
@@ -23,6 +25,7 @@ import httpx
 from pydantic import ValidationError
 
 from ..agent.models import Endpoint
+from ..sandbox.errors import SproutError
 from .records import BranchPoint, ReviewAnswer, ReviewRecord, ReviewTry
 from .trajectory import Step
 
@@ -37,6 +40,13 @@ SYSTEM = ("You review a coding agent's failed attempt at a task. The agent's san
           "fail and choose the turns to go back to. Answer with one JSON object and nothing else.")
 ANSWER_FORMAT = """{"branch_points": [{"turn": K, "mistake_turn": M, "mistake": "what went wrong at turn M",
   "reason": "why going back to turn K helps, one sentence", "note": "a short instruction to the agent"}]}"""
+
+
+REFUSALS = {401: "the key was refused", 403: "access is forbidden", 404: "no such URL or model"}
+
+
+class ReviewerRefused(SproutError):
+    """The reviewer's endpoint answered 401, 403 or 404: its configuration is wrong, no answer will come."""
 
 
 @dataclass
@@ -157,6 +167,11 @@ def _call(config: ReviewerConfig, messages: list[dict]) -> tuple[str, int, int]:
             detail = response.json().get("error", {}).get("message", "")
         except (ValueError, AttributeError):
             detail = response.text[:300]
+        if response.status_code in REFUSALS:
+            raise ReviewerRefused(
+                f"the reviewer endpoint {config.endpoint.url} answered HTTP {response.status_code} for model "
+                f"{config.model!r} ({REFUSALS[response.status_code]}): {detail[:300]}; check the reviewer's URL, "
+                "model and key")
         raise httpx.HTTPStatusError(f"HTTP {response.status_code}: {detail}", request=response.request,
                                     response=response)
     data = response.json()
@@ -166,8 +181,8 @@ def _call(config: ReviewerConfig, messages: list[dict]) -> tuple[str, int, int]:
 
 
 def review(config: ReviewerConfig, inp: ReviewInput, *, review_id: str, round_number: int, reviewed: str) -> ReviewRecord:
-    """Asks the reviewer (retrying unusable answers), else applies the fallback rule; never raises for
-    what the reviewer or its endpoint does."""
+    """Asks the reviewer (retrying unusable answers), else applies the fallback rule. Raises only
+    `ReviewerRefused`, when the endpoint refuses the call (401, 403, 404)."""
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt(inp)}]
     tries: list[ReviewTry] = []
     points: list[BranchPoint] = []

@@ -13,9 +13,11 @@ Sprout); the store, API, client and worker are imported from their modules.
 
 from .errors import (
     ApiError,
+    BodyTooLarge,
     Forbidden,
     HostNotFound,
     InvalidPayload,
+    InvalidRequest,
     InvalidTransition,
     JobNotFound,
     LeaseLost,
@@ -29,6 +31,7 @@ from .models import Claim, Event, EventType, Host, Job, JobPage, JobSpec, JobSta
 
 __all__ = [
     "ApiError",
+    "BodyTooLarge",
     "Claim",
     "Event",
     "EventType",
@@ -36,6 +39,7 @@ __all__ = [
     "Host",
     "HostNotFound",
     "InvalidPayload",
+    "InvalidRequest",
     "InvalidTransition",
     "Job",
     "JobNotFound",

@@ -55,6 +55,18 @@ class Forbidden(RunStoreError):
     status = 403
 
 
+class InvalidRequest(RunStoreError):
+    """The request is malformed: a value of the wrong type or out of range."""
+
+    status = 422
+
+
+class BodyTooLarge(RunStoreError):
+    """The request body is over the API's limit (``--max-body-bytes``)."""
+
+    status = 413
+
+
 class ApiError(RunStoreError):
     """An HTTP error the client has no specific class for."""
 
@@ -70,5 +82,7 @@ ERRORS_BY_NAME: dict[str, type[RunStoreError]] = {
         InvalidTransition,
         Unauthorized,
         Forbidden,
+        InvalidRequest,
+        BodyTooLarge,
     )
 }

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+"""An integer the databases can store in a BIGINT: ids, lease tokens, cursors."""
+Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
+"""An integer the databases can store in an INTEGER column (a priority)."""
 
 
 class JobState(StrEnum):
@@ -44,11 +51,11 @@ class JobSpec(BaseModel):
 
     kind: str
     payload: dict[str, Any] = {}
-    priority: int = 0
+    priority: Int32 = 0
     max_attempts: int = Field(3, ge=1, le=1000)
     host: str | None = None
     affinity_timeout_s: float | None = Field(None, ge=0)
-    parent_id: int | None = None
+    parent_id: Int64 | None = None
     group_id: str | None = Field(None, min_length=1, max_length=200)
     idempotency_key: str | None = Field(None, min_length=1, max_length=200)
     not_before: AwareDatetime | None = None
@@ -153,7 +160,7 @@ class ClaimRequest(BaseModel):
 class LeaseRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    lease_token: int
+    lease_token: Int64
 
 
 class HeartbeatRequest(LeaseRequest):

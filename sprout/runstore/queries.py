@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import (
     CTE,
+    BigInteger,
     ColumnElement,
     Double,
     Integer,
@@ -49,8 +50,8 @@ def _in_state(state: str) -> ColumnElement[bool]:
 
 
 _now = bindparam("now", type_=Double)
-_job_id = bindparam("job_id", type_=Integer)
-_token = bindparam("token", type_=Integer)
+_job_id = bindparam("job_id", type_=BigInteger)  # BIGINT columns: INTEGER would overflow on PostgreSQL
+_token = bindparam("token", type_=BigInteger)
 
 _current_lease = and_(
     jobs.c.id == _job_id,
@@ -174,7 +175,7 @@ GROUP_EVENTS = (
     select(events)
     .where(
         events.c.group_id == bindparam("group_id", type_=Text),
-        events.c.seq > bindparam("after", type_=Integer),
+        events.c.seq > bindparam("after", type_=BigInteger),
     )
     .order_by(events.c.seq)
     .limit(bindparam("limit", type_=Integer))

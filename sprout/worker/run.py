@@ -3,6 +3,8 @@
 import os
 from pathlib import Path
 
+from rich.markup import escape
+
 from ..console import console
 from ..sandbox import Store
 
@@ -50,6 +52,7 @@ def cmd_run(args) -> int:
 
     os.environ["MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT"] = str(max(1, args.model_retries))
     try:
+        from ..agent.journal import read_journal
         from ..agent.models import Endpoint
         from ..agent.runner import RolloutSpec, run_rollout
     except ImportError as e:  # doctor works without the agent's packages; run does not
@@ -61,6 +64,8 @@ def cmd_run(args) -> int:
         raise SproutError("give the TASK text (or --from JOURNAL --turn K to branch)")
     if args.note and args.from_journal is None:
         raise SproutError("--note needs --from and --turn")
+    if args.from_journal is not None:
+        read_journal(args.from_journal)  # a directory or a binary file: one error line before any sandbox work
     endpoint = Endpoint.resolve(args.model_endpoint, args.model_key_env)
     store = Store(args.store, runtime_bin=args.runtime_bin)
     spec = RolloutSpec(task=args.task or "", model=args.model, endpoint=endpoint, journal=args.journal,
@@ -69,8 +74,8 @@ def cmd_run(args) -> int:
                        command_timeout_s=args.command_timeout, keep_sandbox=args.keep_sandbox,
                        from_journal=args.from_journal, from_turn=args.turn, note=args.note)
     where = f"branch of {args.from_journal} at turn {args.turn}" if args.from_journal else spec.image
-    console.print(f"[bold]sprout run[/bold]  model {spec.model} @ {endpoint.host}  sandbox {where}  "
-                  f"journal {spec.journal}", markup=True)
+    console.print("[bold]sprout run[/bold]  " + escape(f"model {spec.model} @ {endpoint.host}  sandbox {where}  "
+                                                      f"journal {spec.journal}"), markup=True)
 
     def on_event(event) -> None:
         turn = event.turn

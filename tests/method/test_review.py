@@ -8,8 +8,17 @@ import pytest
 from sprout.agent.journal import Turn
 from sprout.agent.models import Endpoint
 from sprout.method.records import BranchPoint, ReviewAnswer
-from sprout.method.review import (FALLBACK_NOTE, ReviewerConfig, ReviewInput, check_points, fallback_points,
-                                  first_json_object, prompt, review)
+from sprout.method.review import (
+    FALLBACK_NOTE,
+    ReviewerConfig,
+    ReviewerRefused,
+    ReviewInput,
+    check_points,
+    fallback_points,
+    first_json_object,
+    prompt,
+    review,
+)
 from sprout.method.trajectory import Step
 from sprout.testing.scripted_model import ScriptedModelServer
 
@@ -96,3 +105,44 @@ def test_http_errors_and_garbage_fall_back_and_say_why():
     assert record.fallback and "2 call(s)" in record.fallback and "no JSON object" in record.fallback
     assert "HTTP 500" in record.tries[0].problems[0] and "overloaded" in record.tries[0].problems[0]
     assert [p.turn for p in record.branch_points] == [2] and record.round == 2 and record.reviewed == "r1b1"
+
+
+def test_a_reviewer_endpoint_that_refuses_the_call_fails_the_review_at_once():
+    good = {"content": json.dumps({"branch_points": [point(2, 3)]})}
+    with ScriptedModelServer([good], api_key="not-the-test-key") as server:  # the config sends "k": 401
+        with pytest.raises(ReviewerRefused, match=r"answered HTTP 401 for model 'reviewer' \(the key was refused\): "
+                                                  r"scripted model: invalid or missing API key"):
+            review(config(server.base_url), inp(), review_id="r1", round_number=1, reviewed="a1")
+        assert len(server.requests) == 1  # not retried, no fallback
+    with ScriptedModelServer([{"status": 403, "body": "model not allowed"}, good]) as server:
+        with pytest.raises(ReviewerRefused, match=r"HTTP 403 .*\(access is forbidden\): model not allowed"):
+            review(config(server.base_url), inp(), review_id="r1", round_number=1, reviewed="a1")
+        assert len(server.remaining) == 1
+    with ScriptedModelServer([good]) as server:
+        wrong_url = server.base_url.removesuffix("/v1") + "/nope/v1"
+        with pytest.raises(ReviewerRefused, match=rf"endpoint {wrong_url} answered HTTP 404 .*no route"):
+            review(config(wrong_url), inp(), review_id="r1", round_number=1, reviewed="a1")
+
+
+def test_a_refusing_reviewer_ends_the_evaluation_with_one_error_line(capsys):
+    from sprout.console import run_cli
+    from sprout.method.search import run_method
+    from tests.method.test_search import Fake
+    from tests.method.test_search import config as method_config
+
+    with ScriptedModelServer([{"status": 404, "body": "no model 'reviewer'"}]) as server:
+
+        class Reviewed(Fake):
+            def review(self, review_id, round_number, target, n, attempts):
+                self.reviewed.append(target.id)
+                return review(config(server.base_url), inp(n=n), review_id=review_id, round_number=round_number,
+                              reviewed=target.id)
+
+        fake = Reviewed()
+        with pytest.raises(SystemExit) as exited:
+            run_cli(lambda argv: run_method(method_config(), fake) and 0, [])
+    assert exited.value.code == 1 and fake.reviewed == ["a1"]
+    assert [plan.id for plan in fake.plans] == ["a1"]  # no branch was started from fallback points
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: the reviewer endpoint http://127.0.0.1:")
+    assert "answered HTTP 404 for model 'reviewer' (no such URL or model): no model 'reviewer'" in lines[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import subprocess
@@ -14,12 +15,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 import uvicorn
 
 from sprout.runstore import (
+    BodyTooLarge,
     EventType,
     Forbidden,
     HostNotFound,
@@ -240,10 +243,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(db_url: str, tokens_file: Path, port: int) -> subprocess.Popen[bytes]:
+def start_server(db_url: str, tokens_file: Path, port: int, *extra: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "sprout.runstore.api", "--db", db_url, "--tokens", str(tokens_file)]
-        + ["--port", str(port), "--log-level", "warning"],
+        + ["--port", str(port), "--log-level", "warning", *extra],
         cwd=ROOT,
     )
 
@@ -311,3 +314,156 @@ def test_client_gives_up_after_retry_window() -> None:
     with pytest.raises(RunStoreError, match="cannot reach the Run Store"):
         client.get(1)
     assert time.monotonic() - started < 5
+
+
+# -- hostile requests: authentication before the body, body size cap, numbers out of range ----
+
+
+def send_partial(url: str, head: str, body_start: bytes = b"") -> tuple[int, dict[str, object]]:
+    """Send a request's head and only the first bytes of its body, then read the response.
+    A server that reads the whole body before answering never answers: the read times out."""
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
+        sock.sendall(head.encode() + body_start)
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        return response.status, json.loads(response.read())
+
+
+def post_head(path: str, headers: dict[str, str]) -> str:
+    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    return "\r\n".join(lines) + "\r\n\r\n"
+
+
+def test_unauthenticated_requests_are_refused_before_their_body_is_read(api: LiveApi) -> None:
+    fifty_mb = {"Content-Length": str(50 * 1024 * 1024)}
+    for auth in ({}, {"Authorization": f"Bearer {new_token()}"}, {"Authorization": "Basic dXNlcjpwYXNz"}):
+        # 1 MiB of a declared 50 MB body: the 401 must come while 49 MB are still unsent.
+        status, body = send_partial(api.url, post_head("/v1/jobs", fifty_mb | auth), b"[" * 2**20)
+        assert status == 401 and body["error"] == "Unauthorized", (auth, body)
+    malformed = httpx.post(f"{api.url}/v1/jobs", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert malformed.status_code == 401 and malformed.json()["error"] == "Unauthorized"
+    assert malformed.headers["www-authenticate"] == "Bearer"
+    assert httpx.get(f"{api.url}/health").json()["status"] == "ok"  # the server is fine afterwards
+    # A real token gets on to the body: malformed JSON is then the client's error.
+    token = {"Authorization": f"Bearer {api.tokens[Scope.SUBMITTER]}", "Content-Type": "application/json"}
+    parsed = httpx.post(f"{api.url}/v1/jobs", content=b"{not json", headers=token)
+    assert parsed.status_code == 422 and parsed.json()["error"] == "InvalidRequest"
+
+
+@pytest.fixture
+def capped_api(db_url: str) -> Iterator[LiveApi]:
+    """The API with a 4 KiB body limit."""
+    tokens = {scope: new_token() for scope in Scope}
+    store = RunStore(db_url)
+    table = {hash_token(t): s.value for s, t in tokens.items()}
+    with serve(create_app(store, table, poll_s=0.1, max_body_bytes=4096)) as url:
+        yield LiveApi(url, tokens, store)
+    store.close()
+
+
+def test_bodies_over_the_limit_get_413(capped_api: LiveApi) -> None:
+    api = capped_api
+    auth = {"Authorization": f"Bearer {api.tokens[Scope.SUBMITTER]}"}
+    # By Content-Length: refused before any of the body is sent.
+    status, body = send_partial(api.url, post_head("/v1/jobs", auth | {"Content-Length": "4097"}))
+    assert (status, body["error"]) == (413, "BodyTooLarge")
+    assert body["detail"] == "the request body is over the limit of 4096 bytes"
+    # Chunked, no Content-Length: refused once 4 KiB have arrived, before the body ends.
+    chunk = b"800\r\n" + b" " * 0x800 + b"\r\n"
+    status, body = send_partial(api.url, post_head("/v1/jobs", auth | {"Transfer-Encoding": "chunked"}), chunk * 3)
+    assert (status, body["error"]) == (413, "BodyTooLarge")
+    # No token: 401 comes first, whatever the size.
+    status, body = send_partial(api.url, post_head("/v1/jobs", {"Content-Length": "99999999"}))
+    assert (status, body["error"]) == (401, "Unauthorized")
+
+    sub = api.client(Scope.SUBMITTER)
+    with pytest.raises(BodyTooLarge, match="over the limit of 4096 bytes"):
+        sub.submit("gate", {"task_dir": "t" * 5000})
+
+    def chunks(size: int) -> Iterator[bytes]:
+        data = json.dumps({"kind": "gate", "payload": {"task_dir": "t" * size}}).encode()
+        yield from (data[i : i + 1000] for i in range(0, len(data), 1000))
+
+    json_auth = auth | {"Content-Type": "application/json"}
+    streamed = httpx.post(f"{api.url}/v1/jobs", content=chunks(5000), headers=json_auth)
+    assert streamed.status_code == 413 and streamed.json()["error"] == "BodyTooLarge"
+    small = httpx.post(f"{api.url}/v1/jobs", content=chunks(3000), headers=json_auth)  # chunked, under the limit
+    assert small.status_code == 201 and small.json()["payload"]["task_dir"] == "t" * 3000
+    assert sub.submit("gate", {"task_dir": "t" * 3000}).state == JobState.QUEUED
+
+
+def test_max_body_bytes_flag(tmp_path: Path) -> None:
+    token = new_token()
+    tokens_file = tmp_path / "tokens.json"
+    tokens_file.write_text(json.dumps({hash_token(token): "admin"}))
+    port = free_port()
+    client = RunStoreClient(f"http://127.0.0.1:{port}", token, retry_for_s=30)
+    server = start_server(str(tmp_path / "s.db"), tokens_file, port, "--max-body-bytes", "2048")
+    try:
+        client.health()
+        assert client.submit("gate", {"task_dir": "t" * 1000}).state == JobState.QUEUED
+        with pytest.raises(BodyTooLarge, match="over the limit of 2048 bytes"):
+            client.submit("gate", {"task_dir": "t" * 3000})
+    finally:
+        server.terminate()
+        server.wait(10)
+        client.close()
+    bad = subprocess.run(
+        [sys.executable, "-m", "sprout.runstore.api", "--db", "x.db", "--tokens", "t.json", "--max-body-bytes", "0"],
+        check=False,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "--max-body-bytes: must be at least 1, not 0" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def test_numbers_out_of_range_get_422(api: LiveApi) -> None:
+    sub, work = api.client(Scope.SUBMITTER), api.client(Scope.WORKER)
+    job = sub.submit("gate", GATE)
+    (claim,) = work.claim("w1", "h1")
+    http = httpx.Client(base_url=api.url, headers={"Authorization": f"Bearer {api.tokens[Scope.ADMIN]}"})
+    huge, top, bottom = 2**80, 2**63 - 1, -(2**63)
+    cases: list[tuple[str, str, dict[str, object], object, str]] = [
+        ("GET", f"/v1/jobs/{huge}", {}, None, "path.job_id"),
+        ("GET", f"/v1/jobs/{top + 1}", {}, None, "path.job_id"),
+        ("GET", f"/v1/jobs/{bottom - 1}", {}, None, "path.job_id"),
+        ("POST", f"/v1/jobs/{huge}/cancel", {}, None, "path.job_id"),
+        ("POST", f"/v1/jobs/{huge}/heartbeat", {}, {"lease_token": 1}, "path.job_id"),
+        ("GET", "/v1/jobs", {"cursor": huge}, None, "query.cursor"),
+        ("GET", "/v1/jobs", {"cursor": -huge}, None, "query.cursor"),
+        ("GET", "/v1/groups/g/events", {"after_seq": huge}, None, "query.after_seq"),
+        ("POST", f"/v1/jobs/{job.id}/heartbeat", {}, {"lease_token": huge}, "body.lease_token"),
+        ("POST", f"/v1/jobs/{job.id}/complete", {}, {"lease_token": -huge}, "body.lease_token"),
+        ("POST", f"/v1/jobs/{job.id}/fail", {}, {"lease_token": huge, "error": "e"}, "body.lease_token"),
+        ("POST", f"/v1/jobs/{job.id}/release", {}, {"lease_token": huge}, "body.lease_token"),
+        ("POST", "/v1/jobs", {}, {"kind": "gate", "payload": GATE, "priority": 2**31}, "body.priority"),
+        ("POST", "/v1/jobs", {}, {"kind": "gate", "payload": GATE, "parent_id": huge}, "body.parent_id"),
+    ]
+    for method, path, params, body, where in cases:
+        resp = http.request(method, path, params=params, json=body)
+        assert resp.status_code == 422, (path, params, body, resp.text)
+        assert resp.json()["error"] == "InvalidRequest" and resp.json()["detail"].startswith(f"{where}: "), resp.text
+    streamed = http.get("/v1/groups/g/events", headers={"Accept": "text/event-stream", "Last-Event-ID": str(huge)})
+    assert streamed.status_code == 422 and streamed.json()["detail"].startswith("header.last-event-id: ")
+
+    # The extremes that are in range reach the database, which answers without a 500.
+    assert http.get(f"/v1/jobs/{top}").json()["error"] == "JobNotFound"
+    assert http.get(f"/v1/jobs/{bottom}").json()["error"] == "JobNotFound"
+    assert http.get("/v1/jobs", params={"cursor": top}).json()["jobs"] == []
+    assert http.get("/v1/groups/g/events", params={"after_seq": top}).json() == []
+    assert http.post(f"/v1/jobs/{job.id}/heartbeat", json={"lease_token": top}).json()["error"] == "LeaseLost"
+    assert http.post(f"/v1/jobs/{job.id}/release", json={"lease_token": bottom}).json()["error"] == "LeaseLost"
+    orphan = http.post("/v1/jobs", json={"kind": "gate", "payload": GATE, "parent_id": top})
+    assert orphan.status_code == 404 and orphan.json()["error"] == "JobNotFound"
+    extreme = {"kind": "gate", "payload": GATE, "priority": 2**31 - 1, "parent_id": job.id}
+    created = http.post("/v1/jobs", json=extreme)
+    assert created.status_code == 201 and created.json()["priority"] == 2**31 - 1
+    lowest = http.post("/v1/jobs", json={"kind": "gate", "payload": GATE, "priority": -(2**31)})
+    assert lowest.status_code == 201 and lowest.json()["priority"] == -(2**31)
+    assert work.complete(job.id, claim.lease_token).state == JobState.SUCCEEDED
+    http.close()
