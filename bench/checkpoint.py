@@ -2,7 +2,9 @@
 
     .venv/bin/python bench/checkpoint.py [--big-gb 3] [--n 20]
 
-Rows: checkpoint p50/p95 (idle and after a 1 MB write) at ~300 MB and ~3 GB; the same state saved
+Rows: checkpoint p50/p95 (idle and after a 1 MB write) at ~300 MB and ~3 GB, each including the freeze
+of the sandbox's processes that makes it point-in-time; the freeze + thaw alone, idle and under a
+process writing without pause; a checkpoint under that writer; the same state saved
 with `tar` of the rootfs and with `podman commit` of an equivalent image-based (overlay) container;
 branch to first command; command round trip via sprout-runtime vs `podman exec`; disk held by 100
 checkpoints each after a 1 MiB edit, as a fraction of the base size.
@@ -17,7 +19,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from sprout.sandbox import Store, btrfs
+from sprout.sandbox import Store, btrfs, runtime
 from sprout.sandbox.podman import PODMAN
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,6 +48,26 @@ def checkpoint_times(sandbox, n: int) -> tuple[list[float], list[float]]:
         sandbox.exec(f"head -c 1048576 /dev/urandom > /root/edit-{i}")
         dirty.append(sandbox.checkpoint().duration_ms)
     return idle, dirty
+
+
+WRITER = "while :; do head -c 65536 /dev/zero >> /root/busy; [ $(stat -c %s /root/busy) -gt 67108864 ] && : > /root/busy; done"
+
+
+def freeze_times(sandbox, n: int) -> list[float]:
+    procs = sandbox._profile()["cgroup_procs"]
+    return [timed(lambda: runtime.freeze(procs) and runtime.thaw(procs)) for _ in range(n)]
+
+
+def freeze_rows(sandbox, n: int) -> list[tuple[str, str, str]]:
+    """The freeze's own cost, idle and under a writer, and a whole checkpoint under that writer."""
+    idle = freeze_times(sandbox, n)
+    sandbox.exec(f"nohup bash -c '{WRITER}' >/dev/null 2>&1 & echo $! > /root/writer.pid")
+    busy = freeze_times(sandbox, n)
+    under_write = [sandbox.checkpoint().duration_ms for _ in range(n)]
+    sandbox.exec("kill $(cat /root/writer.pid); rm -f /root/busy /root/writer.pid")
+    return [(name, f"p50 {p(v, .5):.2f} ms", f"p95 {p(v, .95):.2f} ms") for name, v in (
+        ("freeze + thaw alone, idle", idle), ("freeze + thaw alone, under a writer", busy),
+        ("checkpoint under a writer (64 KB appends)", under_write))]
 
 
 def tar_ms(path: Path) -> float:
@@ -87,6 +109,7 @@ def main() -> None:
         made.append(small)
         small_size = rootfs_bytes(small.path)
         s_idle, s_dirty = checkpoint_times(small, args.n)
+        freezing = freeze_rows(small, args.n)
         console.print(f"big sandbox (+{args.big_gb:g} GB) ...")
         big = fast.create_sandbox(IMAGE)
         made.append(big)
@@ -100,6 +123,7 @@ def main() -> None:
                          f"p95 {p(dirty, .95):.1f} ms"))
         flat = p(b_dirty, .5) / p(s_dirty, .5)
         rows.append(("flat in size: big / small checkpoint p50", f"{flat:.2f}x", "target ~1x"))
+        rows += freezing
 
         console.print("tar and podman commit ...")
         for label, sandbox, size, fill_mb, dirty in (("small", small, small_size, 0, s_dirty),

@@ -16,7 +16,8 @@ Defaults (flags override them):
     --key-env     QWEN_API_KEY (a vLLM/SGLang server started without --api-key accepts any key;
                   when the variable is unset it is set to "EMPTY" for this run)
     --output runs/qwen  --rounds 2 --branches 4 3  --step-limit 50  --workers 4
-With no endpoint reachable (GET /v1/models) it says so and exits 1.
+With no endpoint reachable (GET /v1/models) it says so and exits 1. Over a Run Store
+(SPROUT_RUNSTORE_URL/TOKEN set) the workers call --endpoint with no key (jobs never carry keys).
 """
 
 import argparse
@@ -28,6 +29,7 @@ import httpx
 from sprout.console import console, run_cli
 from sprout.eval import benchmark
 from sprout.eval.prepare import prepare
+from sprout.eval.remote import configured_client
 from sprout.sandbox import Store
 from sprout.sandbox.errors import SproutError
 
@@ -92,7 +94,8 @@ def main(argv: list[str]) -> int:
     bench_argv = ["--tasks-dir", str(tasks_dir), "--output", str(args.output), "--methods", *args.methods,
                   "--workers", str(args.workers), "--dataset-digest", manifest.dataset.digest,
                   "--preparation-manifest", str(manifest_path), "--model", args.model, "--model-endpoint", endpoint,
-                  "--model-key-env", args.key_env, "--model-class", args.model_class, "--rounds", str(args.rounds),
+                  *([] if configured_client() else ["--model-key-env", args.key_env]),  # Run Store: a keyless URL
+                  "--model-class", args.model_class, "--rounds", str(args.rounds),
                   "--branches", *map(str, args.branches), "--step-limit", str(args.step_limit),
                   "--runtime-bin", str(args.runtime_bin)]
     bench_argv += ["--tasks", *args.tasks] if args.tasks else []

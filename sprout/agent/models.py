@@ -14,18 +14,21 @@ MODEL_CLASSES = {
 
 @dataclass
 class Endpoint:
-    """Where the model is served. The key is read from an environment variable, never stored."""
+    """Where the model is served. The key is read from an environment variable, never stored; with
+    key_env None no key is sent. `name`: an endpoint configured on Run Store workers (its URL may be
+    unknown to the submitter; sprout.runstore.endpoints)."""
 
     url: str
-    key_env: str = "OPENAI_API_KEY"
+    key_env: str | None = "OPENAI_API_KEY"
+    name: str | None = None
 
     @property
     def host(self) -> str:
-        return urlsplit(self.url).netloc
+        return urlsplit(self.url).netloc or (f"endpoint {self.name}" if self.name else "")
 
     @property
     def key(self) -> str:
-        return os.environ.get(self.key_env, "")
+        return os.environ.get(self.key_env, "") if self.key_env else ""
 
     @classmethod
     def resolve(cls, url: str | None, key_env: str | None, *, require_key: bool = True) -> "Endpoint":

@@ -7,6 +7,7 @@ messages up to the turn it branches from, so the stock loop runs unchanged.
 """
 
 import copy
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -66,13 +67,19 @@ def _cap(text: str) -> str:
     return text if len(text) <= OBSERVATION_CAP else text[:OBSERVATION_CAP] + f"\n[... {len(text) - OBSERVATION_CAP} chars]"
 
 
+class RolloutCancelled(SproutError):
+    """The rollout was told to stop (a cancelled job, a lost lease, a draining worker): no outcome."""
+
+
 class JournalingAgent(DefaultAgent):
-    """DefaultAgent plus a per-turn callback, a token limit, and resume from saved messages."""
+    """DefaultAgent plus a per-turn callback, a token limit, a stop flag checked before every model call,
+    and resume from saved messages."""
 
     def __init__(self, *args, on_start: Callable[["JournalingAgent"], None],
-                 on_turn: Callable[["JournalingAgent", list[dict]], None], token_limit: int, **kwargs):
+                 on_turn: Callable[["JournalingAgent", list[dict]], None], token_limit: int,
+                 stop: threading.Event | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.on_start, self.on_turn = on_start, on_turn
+        self.on_start, self.on_turn, self.stop = on_start, on_turn, stop
         self._started = False
         self.token_limit = token_limit
         self.tokens = 0
@@ -81,6 +88,8 @@ class JournalingAgent(DefaultAgent):
         self._resume_messages: list[dict] | None = None
 
     def query(self) -> dict:
+        if self.stop is not None and self.stop.is_set():
+            raise RolloutCancelled("the rollout was stopped")
         if 0 < self.token_limit <= self.tokens:
             raise LimitsExceeded({"role": "exit", "content": "LimitsExceeded",
                                   "extra": {"exit_status": "LimitsExceeded", "submission": ""}})
@@ -141,9 +150,10 @@ def _outcome_status(exit_status: str) -> str:
 
 
 def run_rollout(spec: RolloutSpec, store: Store, on_event: Callable[[TurnEvent], None] | None = None,
-                sandbox: Sandbox | None = None) -> RolloutResult:
+                sandbox: Sandbox | None = None, stop: threading.Event | None = None) -> RolloutResult:
     """Runs (or resumes) one rollout, journaling every turn; the sandbox is destroyed at the end
-    unless `keep_sandbox` (its checkpoints stay)."""
+    unless `keep_sandbox` (its checkpoints stay). When `stop` is set the rollout ends before its next
+    model call with RolloutCancelled, its journal left without an outcome."""
     config = mswea_config(spec.model_class)
     model = make_model(spec.model, spec.endpoint, spec.model_class, config)
     prefix, n_calls, first_turn, parent = None, 0, 1, None
@@ -217,7 +227,7 @@ def run_rollout(spec: RolloutSpec, store: Store, on_event: Callable[[TurnEvent],
         writer.write(header)
 
     agent = JournalingAgent(model, env, on_start=on_start, on_turn=on_turn, token_limit=spec.token_limit,
-                            step_limit=spec.step_limit, cost_limit=0, wall_time_limit_seconds=spec.wall_time_s,
+                            stop=stop, step_limit=spec.step_limit, cost_limit=0, wall_time_limit_seconds=spec.wall_time_s,
                             **agent_config)
     header = Header(task=spec.task, model=spec.model, model_class=spec.model_class,
                     endpoint_host=spec.endpoint.host, image=spec.image, image_key=sandbox.image_key, cwd=spec.cwd,
@@ -231,6 +241,8 @@ def run_rollout(spec: RolloutSpec, store: Store, on_event: Callable[[TurnEvent],
         try:
             info = agent.run(spec.task)
             exit_status, message = info.get("exit_status", ""), info.get("exception_str", "")
+        except RolloutCancelled:
+            raise
         except Exception as e:  # the agent already appended an exit message and journaled the turn
             exit_status, message = type(e).__name__, _error_text(e)
             info = {"submission": ""}

@@ -13,7 +13,9 @@ Refused: --dataset-digest other than the tasks directory's Harbor digest, a mani
 list the task with its digest, uncommitted changes in Sprout's checkout (unless --allow-dirty), and
 an --output that holds a different run (unless --overwrite). With SPROUT_RUNSTORE_URL and
 SPROUT_RUNSTORE_TOKEN set (`eval "$(python -m sprout.services env)"`), rollouts, grades and reviews run
-as Run Store jobs on its workers; otherwise in this process. Both give the same summary. The same run into the same --output
+as Run Store jobs on its workers; otherwise in this process. Both give the same summary. Over a Run Store
+the workers' keys are used only for endpoints configured on them: --model-endpoint-name NAME (default
+"default"); a plain --model-endpoint URL is called with no key. The same run into the same --output
 resumes: finished attempts and reviews are kept, interrupted ones are rerun. Output: summary.json,
 attempts/<id>.jsonl, reviews/<id>.json, verifier/<id>/; view it with `python -m ops.report task OUT`.
 """
@@ -29,11 +31,12 @@ from ..agent.journal import now
 from ..agent.models import Endpoint
 from ..agent.runner import TurnEvent
 from ..console import console, errors, run_cli
-from ..method.budget import equal_budget
 from ..method.backend import LocalBackend
+from ..method.budget import equal_budget
 from ..method.executor import AgentConfig, TaskExecutor, release
 from ..method.review import ReviewerConfig
 from ..method.search import MethodConfig, run_method
+from ..runstore.endpoints import check_name
 from ..sandbox import Store
 from ..sandbox.errors import SproutError
 from ..tasks import ensure_image, load_task
@@ -62,8 +65,12 @@ def add_arguments(group, *, single_task: bool = True) -> list[argparse.Action]:
     add("--preparation-manifest", type=Path, required=True,
         help="JSON from `python -m sprout.eval.prepare`; must list the task with its digest")
     add("--model", required=True, help="the agent's model, as the endpoint serves it")
-    add("--model-endpoint", help="Chat Completions base URL (default: $OPENAI_BASE_URL)")
-    add("--model-key-env", help="variable holding the API key (default OPENAI_API_KEY); never recorded")
+    add("--model-endpoint", help="Chat Completions base URL (default: $OPENAI_BASE_URL); over a Run Store it is "
+                                 "called with no key")
+    add("--model-key-env", help="variable holding the API key (default OPENAI_API_KEY); never recorded; in-process only")
+    add("--model-endpoint-name", metavar="NAME",
+        help="over a Run Store: a model endpoint configured on the workers (services.json), called with their "
+             "key (default: default, unless --model-endpoint is given)")
     add("--model-class", choices=["tools", "text"], default="tools",
         help="tools: tool calls (default); text: ```mswea_bash_command blocks, for endpoints without tools")
     add("--rounds", type=int, default=DEFAULTS["rounds"], help="SPROUT review+branch rounds (default 2)")
@@ -71,7 +78,9 @@ def add_arguments(group, *, single_task: bool = True) -> list[argparse.Action]:
         help="branches per round, one number per round (default 4 3); also sets the restarts budget")
     add("--review-model", help="the reviewer's model (default: --model)")
     add("--review-endpoint", help="the reviewer's base URL (default: the agent's endpoint)")
-    add("--review-key-env", help="variable holding the reviewer's key (default: the agent's)")
+    add("--review-key-env", help="variable holding the reviewer's key (default: the agent's); in-process only")
+    add("--review-endpoint-name", metavar="NAME",
+        help="over a Run Store: the reviewer's endpoint configured on the workers (default: the agent's endpoint)")
     add("--review-retries", type=int, default=DEFAULTS["review_retries"],
         help="calls again after an unusable review answer before the fallback rule (default 2)")
     add("--no-early-stop", dest="early_stop", action="store_false",
@@ -125,6 +134,40 @@ def check_rounds(rounds: int, branches: list[int]) -> None:
         raise SproutError(f"every --branches value must be at least 1, got {' '.join(map(str, branches))}")
 
 
+def endpoints(args: argparse.Namespace, *, remote: bool, review: bool = True) -> tuple[Endpoint, Endpoint | None]:
+    """The agent's and (with `review`) the reviewer's endpoints. In-process: URLs with keys from this
+    environment. Over a Run Store: a name configured on the workers (their URL and key) or a plain URL
+    (called with no key)."""
+    if not remote:
+        for flag in ("model", "review"):
+            if getattr(args, f"{flag}_endpoint_name"):
+                raise SproutError(f"--{flag}-endpoint-name names an endpoint of a Run Store's workers; without "
+                                  f"SPROUT_RUNSTORE_URL and SPROUT_RUNSTORE_TOKEN pass --{flag}-endpoint URL "
+                                  f"(and --{flag}-key-env VAR)")
+        endpoint = Endpoint.resolve(args.model_endpoint, args.model_key_env)
+        return endpoint, (Endpoint.resolve(args.review_endpoint or endpoint.url, args.review_key_env or endpoint.key_env)
+                          if review else None)
+    endpoint = remote_endpoint(args, "model") or Endpoint("", None, name="default")
+    return endpoint, (remote_endpoint(args, "review") or endpoint) if review else None
+
+
+def remote_endpoint(args: argparse.Namespace, flag: str) -> Endpoint | None:
+    """--{flag}-endpoint-name or --{flag}-endpoint over a Run Store (None: neither given)."""
+    url, name = getattr(args, f"{flag}_endpoint"), getattr(args, f"{flag}_endpoint_name")
+    if getattr(args, f"{flag}_key_env"):
+        raise SproutError(f"--{flag}-key-env does not apply over a Run Store: workers call with the keys of their "
+                          f"own configured endpoints; name one with --{flag}-endpoint-name NAME, or pass "
+                          f"--{flag}-endpoint URL alone for an endpoint that needs no key")
+    if url and name:
+        raise SproutError(f"pass --{flag}-endpoint URL or --{flag}-endpoint-name NAME, not both")
+    if name:
+        try:
+            return Endpoint("", None, name=check_name(name))
+        except ValueError as e:
+            raise SproutError(f"--{flag}-endpoint-name: {e}") from None
+    return Endpoint(Endpoint.resolve(url, None, require_key=False).url, None) if url else None
+
+
 def evaluate(args: argparse.Namespace) -> EvaluationSummary:
     """Runs (or resumes) one evaluation as the flags say; returns its summary (also in summary.json)."""
     check_rounds(args.rounds, args.branches)
@@ -132,9 +175,7 @@ def evaluate(args: argparse.Namespace) -> EvaluationSummary:
     pinning = check_pinning(args.task_dir, args.dataset_digest, args.preparation_manifest)
     task = load_task(args.task_dir)
     client = configured_client()  # a Run Store: its workers make the model calls, with their keys
-    endpoint = Endpoint.resolve(args.model_endpoint, args.model_key_env, require_key=client is None)
-    review_endpoint = (Endpoint.resolve(args.review_endpoint or endpoint.url, args.review_key_env or endpoint.key_env,
-                                        require_key=client is None) if args.method == "sprout" else None)
+    endpoint, review_endpoint = endpoints(args, remote=client is not None, review=args.method == "sprout")
     os.environ["MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT"] = str(max(1, args.model_retries))
     wall_time = args.wall_time_limit or int(task.config.agent.timeout_sec or 3600)
     budget = equal_budget(args.method, args.budget_by, args.step_limit, args.token_limit, args.branches)

@@ -3,7 +3,9 @@
 `services env` exports SPROUT_RUNSTORE_URL and SPROUT_RUNSTORE_TOKEN; with both set, gate and
 evaluation submit their work as jobs (kinds gate, rollout, grade, review) and wait for the results,
 which workers compute with the same functions the in-process path calls, so both give the same
-summary. A branch or a grade prefers the host that holds its checkpoint; once it has waited
+summary. A job names the model endpoint (sprout.runstore.endpoints): `--model-endpoint-name` (default
+"default") is one configured on the workers, with their key; a plain `--model-endpoint URL` is called
+with no key. A branch or a grade prefers the host that holds its checkpoint; once it has waited
 `affinity_timeout_s` there, any worker may take it and ships the checkpoint first. Paths in payloads
 (task directories, journals, verifier files) must be visible to the workers: same host, or a shared
 filesystem.
@@ -18,6 +20,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from ..agent.journal import Outcome, read_journal
+from ..agent.models import Endpoint
 from ..agent.runner import TurnEvent
 from ..method.backend import RolloutDone, RolloutRequest
 from ..method.records import ReviewRecord
@@ -27,8 +30,13 @@ from ..sandbox.errors import SproutError
 from ..tasks import GradeResult
 
 TERMINAL = ("succeeded", "failed", "cancelled")
-REVIEWER = TypeAdapter(ReviewerConfig)
 REVIEW_INPUT = TypeAdapter(ReviewInput)
+
+
+def endpoint_ref(endpoint: Endpoint) -> dict[str, str]:
+    """How a job names `endpoint`: by name (a workers' configured endpoint, whose URL and key are the
+    workers'), else by its plain URL, which workers call with no key. Never a key or a key variable."""
+    return {"name": endpoint.name} if endpoint.name else {"url": endpoint.url}
 
 
 def configured_client():
@@ -88,7 +96,7 @@ class RunStoreBackend:
         spec = request.spec
         journal = spec.journal.resolve()
         options: dict[str, Any] = {
-            "endpoint": spec.endpoint.url, "key_env": spec.endpoint.key_env, "journal": str(journal),
+            "endpoint": endpoint_ref(spec.endpoint), "journal": str(journal),
             "cwd": spec.cwd, "model_class": spec.model_class, "step_limit": spec.step_limit,
             "token_limit": spec.token_limit, "wall_time_s": spec.wall_time_s,
             "command_timeout_s": spec.command_timeout_s, "label": request.attempt}
@@ -112,8 +120,9 @@ class RunStoreBackend:
 
     def review(self, config: ReviewerConfig, inp: ReviewInput, *, review_id: str, round_number: int,
                reviewed: str) -> ReviewRecord:
-        payload = {"reviewer": REVIEWER.dump_python(config, mode="json"),
-                   "input": REVIEW_INPUT.dump_python(inp, mode="json"),
+        reviewer = {"model": config.model, "endpoint": endpoint_ref(config.endpoint), "retries": config.retries,
+                    "seed": config.seed, "temperature": config.temperature, "timeout_s": config.timeout_s}
+        payload = {"reviewer": reviewer, "input": REVIEW_INPUT.dump_python(inp, mode="json"),
                    "review_id": review_id, "round": round_number, "reviewed": reviewed}
         return ReviewRecord.model_validate(run_job(self.client, "review", payload, group_id=self.group_id))
 

@@ -2,9 +2,10 @@
 
     python -m sprout.runstore.api --db URL --host 127.0.0.1 --port 8470 --tokens TOKENS_FILE
 
-Every route but ``/health`` needs ``Authorization: Bearer <token>``: a missing or
-unknown token gets 401, a token of the wrong scope 403. Errors are JSON
-``{"error": "<class name>", "detail": "<message>"}``; the client turns them back
+Every route but ``/health`` and the docs needs ``Authorization: Bearer <token>``: a
+missing or unknown token gets 401 before the body is read, a token of the wrong scope
+403. A body over ``--max-body-bytes`` gets 413, a number out of range 422. Errors are
+JSON ``{"error": "<class name>", "detail": "<message>"}``; the client turns them back
 into the classes of ``sprout.runstore.errors``.
 """
 
@@ -15,15 +16,19 @@ import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from . import sse
 from .auth import Scope, TokensFileError, TokenTable, load_tokens
-from .errors import Forbidden, HostNotFound, RunStoreError, StoreOpenError, Unauthorized
+from .errors import Forbidden, HostNotFound, InvalidRequest, RunStoreError, StoreOpenError, Unauthorized
+from .guard import DEFAULT_MAX_BODY_BYTES, Guard, error_response
 from .models import (
+    INT64_MAX,
+    INT64_MIN,
     Claim,
     ClaimRequest,
     CompleteRequest,
@@ -48,9 +53,28 @@ MAX_WAIT_S = 60.0  # longest long-poll (claim, events)
 POLL_S = 0.5  # how often a long-poll looks at the database for changes made by other processes
 KEEPALIVE_S = 15.0  # SSE comment sent when a stream has been quiet this long
 
+JobId = Annotated[int, Path(ge=INT64_MIN, le=INT64_MAX)]
+Seq = Annotated[int, Query(ge=0, le=INT64_MAX)]
 
-def create_app(store: RunStore, tokens: TokenTable | Mapping[str, str], *, poll_s: float = POLL_S) -> FastAPI:
-    """The API over ``store``; ``tokens`` maps sha256 hex digests of tokens to scopes."""
+
+def validation_detail(exc: RequestValidationError) -> str:
+    """One line for a request's validation errors: ``where: what; ...``."""
+    parts = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error.get("loc", ()))
+        parts.append(f"{where}: {error.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request"
+
+
+def create_app(
+    store: RunStore,
+    tokens: TokenTable | Mapping[str, str],
+    *,
+    poll_s: float = POLL_S,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> FastAPI:
+    """The API over ``store``; ``tokens`` maps sha256 hex digests of tokens to scopes.
+    Request bodies over ``max_body_bytes`` are refused (413)."""
     table = tokens if isinstance(tokens, TokenTable) else TokenTable(dict(tokens))
     changes = Changes()
     bearer = HTTPBearer(auto_error=False, description="A token of scope worker, submitter or admin")
@@ -58,6 +82,10 @@ def create_app(store: RunStore, tokens: TokenTable | Mapping[str, str], *, poll_
         title="Sprout Run Store",
         version="1",
         description="Jobs (rollout, grade, review, gate) claimed by workers under leases.",
+    )
+    open_paths = {"/health", app.docs_url, app.redoc_url, app.openapi_url, app.swagger_ui_oauth2_redirect_url}
+    app.add_middleware(
+        Guard, tokens=table, max_body_bytes=max_body_bytes, open_paths={p for p in open_paths if p}
     )
 
     def require(scope: Scope) -> Any:
@@ -77,8 +105,11 @@ def create_app(store: RunStore, tokens: TokenTable | Mapping[str, str], *, poll_
 
     @app.exception_handler(RunStoreError)
     async def store_error(_request: Request, exc: RunStoreError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
-        return JSONResponse({"error": type(exc).__name__, "detail": str(exc)}, exc.status, headers=headers)
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(InvalidRequest(validation_detail(exc)))
 
     @app.exception_handler(ValueError)
     async def value_error(_request: Request, exc: ValueError) -> JSONResponse:
@@ -115,16 +146,16 @@ def create_app(store: RunStore, tokens: TokenTable | Mapping[str, str], *, poll_
         kind: str | None = None,
         group_id: str | None = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
-        cursor: int | None = None,
+        cursor: Annotated[int | None, Query(ge=INT64_MIN, le=INT64_MAX)] = None,
     ) -> JobPage:
         return await call(store.list, state, kind, group_id, limit, cursor, changed=False)
 
     @app.get("/v1/jobs/{job_id}", dependencies=submitter, tags=["submitter"])
-    async def get_job(job_id: int) -> Job:
+    async def get_job(job_id: JobId) -> Job:
         return await call(store.get, job_id, changed=False)
 
     @app.post("/v1/jobs/{job_id}/cancel", dependencies=submitter, tags=["submitter"])
-    async def cancel(job_id: int) -> Job:
+    async def cancel(job_id: JobId) -> Job:
         return await call(store.cancel, job_id)
 
     @app.get(
@@ -136,11 +167,11 @@ def create_app(store: RunStore, tokens: TokenTable | Mapping[str, str], *, poll_
     )
     async def group_events(
         group_id: str,
-        after_seq: Annotated[int, Query(ge=0)] = 0,
+        after_seq: Seq = 0,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = MAX_PAGE,
         wait_s: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0,
         accept: Annotated[str, Header()] = "application/json",
-        last_event_id: Annotated[int | None, Header()] = None,
+        last_event_id: Annotated[int | None, Header(ge=0, le=INT64_MAX)] = None,
     ) -> Any:
         """Events with ``seq > after_seq``. JSON: long-polls up to ``wait_s`` for the first one.
         With ``Accept: text/event-stream``: an endless SSE stream (resumes after ``Last-Event-ID``)."""
@@ -193,19 +224,19 @@ def create_app(store: RunStore, tokens: TokenTable | Mapping[str, str], *, poll_
             await changes.wait(ticket, min(poll_s, remaining))
 
     @app.post("/v1/jobs/{job_id}/heartbeat", dependencies=worker, tags=["worker"])
-    async def heartbeat(job_id: int, req: HeartbeatRequest) -> Job:
+    async def heartbeat(job_id: JobId, req: HeartbeatRequest) -> Job:
         return await call(store.heartbeat, job_id, req.lease_token, req.extend_s, changed=False)
 
     @app.post("/v1/jobs/{job_id}/complete", dependencies=worker, tags=["worker"])
-    async def complete(job_id: int, req: CompleteRequest) -> Job:
+    async def complete(job_id: JobId, req: CompleteRequest) -> Job:
         return await call(store.complete, job_id, req.lease_token, req.result)
 
     @app.post("/v1/jobs/{job_id}/fail", dependencies=worker, tags=["worker"])
-    async def fail(job_id: int, req: FailRequest) -> Job:
+    async def fail(job_id: JobId, req: FailRequest) -> Job:
         return await call(store.fail, job_id, req.lease_token, req.error, req.retry)
 
     @app.post("/v1/jobs/{job_id}/release", dependencies=worker, tags=["worker"])
-    async def release(job_id: int, req: LeaseRequest) -> Job:
+    async def release(job_id: JobId, req: LeaseRequest) -> Job:
         return await call(store.release, job_id, req.lease_token)
 
     @app.put("/v1/hosts/{name}", dependencies=worker, tags=["worker"])
@@ -223,6 +254,17 @@ def create_app(store: RunStore, tokens: TokenTable | Mapping[str, str], *, poll_
     return app
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
@@ -238,18 +280,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8470)
     parser.add_argument(
+        "--endpoints", default="", metavar="NAME,...",
+        help="model endpoint names the workers have configured (services.json); jobs may name only these",
+    )
+    parser.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=positive_int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help=f"largest request body accepted; bigger ones get 413 (default {DEFAULT_MAX_BODY_BYTES})",
     )
     args = parser.parse_args(argv)
     try:
         tokens = load_tokens(args.tokens)
-        store = RunStore(args.db)
-    except (TokensFileError, StoreOpenError) as exc:
+        store = RunStore(args.db, endpoints=[n for n in args.endpoints.split(",") if n])
+    except (TokensFileError, StoreOpenError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
         uvicorn.run(
-            create_app(store, tokens),
+            create_app(store, tokens, max_body_bytes=args.max_body_bytes),
             host=args.host,
             port=args.port,
             log_level=args.log_level,

@@ -1,12 +1,16 @@
 """What a worker does for each job kind, using the sandbox, agent and tasks layers below it.
 
-A handler takes the claim and returns the job's JSON result; raising fails the attempt (retried by
-the store up to the job's max attempts). Handlers must be safe to run again after a worker died
-mid-job: a rollout whose journal already has an outcome returns it instead of running twice.
+A handler takes the claim and a stop event (set when the job is cancelled, its lease lost or the
+worker drains) and returns the job's JSON result; raising fails the attempt (retried by the store up to
+the job's max attempts). Handlers must be safe to run again after a worker died mid-job: a rollout whose
+journal already has an outcome returns it instead of running twice, and one whose journal has none
+discards that dead attempt (its sandbox and checkpoints) first. Sandboxes a job makes are owned by it,
+so what a killed worker leaves is reaped on this host (Store.gc, the next worker start).
 """
 
 import os
 import socket
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,95 +19,112 @@ from .models import Claim
 DEFAULT_IMAGE = "docker.io/library/python:3.11-slim"
 
 
-def store_from_env():
-    """This host's store ($SPROUT_STORE, else the default), its commands run by $SPROUT_RUNTIME_BIN."""
+def store_from_env(claim: Claim | None = None):
+    """This host's store ($SPROUT_STORE, else the default), its commands run by $SPROUT_RUNTIME_BIN;
+    with a claim, what it makes belongs to that job's lease until adopted."""
     from ..sandbox import Store
 
     runtime = os.environ.get("SPROUT_RUNTIME_BIN")
-    return Store(runtime_bin=Path(runtime) if runtime else None)
+    owner = None if claim is None else {"worker": claim.job.lease_owner, "job": claim.job.id,
+                                        "lease": claim.lease_token}
+    return Store(runtime_bin=Path(runtime) if runtime else None, owner=owner)
 
 
-def rollout(claim: Claim) -> dict[str, Any]:
-    """payload: task, image, model, turn, note; options: endpoint, key_env, journal, cwd, from_journal,
+def rollout(claim: Claim, stop: threading.Event) -> dict[str, Any]:
+    """payload: task, image, model, turn, note; options (sprout.runstore.kinds.RolloutOptions): endpoint
+    (a name configured on this worker, or a plain URL called with no key), journal, cwd, from_journal,
     task_dir (a fresh start in the task's sandbox, as Harbor starts it), label, step_limit, token_limit,
     wall_time_s, command_timeout_s, model_class."""
     from ..agent.journal import read_journal
-    from ..agent.runner import RolloutSpec, run_rollout
+    from ..agent.runner import RolloutCancelled, RolloutSpec, run_rollout
+    from ..method.executor import discard
     from ..tasks import load_task, start_task_sandbox
+    from .kinds import RolloutOptions
 
-    payload, options = claim.job.payload, claim.job.payload.get("options", {})
+    payload = claim.job.payload
+    options = RolloutOptions.model_validate(payload.get("options", {})).model_dump(exclude_none=True)
     journal = Path(options["journal"])
+    store = store_from_env(claim)
     if journal.exists():
         previous = read_journal(journal)
-        if previous.outcome is not None:
-            return _rollout_result(claim, previous.outcome.model_dump(mode="json"), journal,
-                                   [t.checkpoint for t in previous.turns])
-        journal.rename(journal.with_suffix(f".crashed-{claim.lease_token}.jsonl"))  # a dead worker's attempt
-    endpoint = _endpoint(options["endpoint"], options.get("key_env"))
+        if previous.outcome is not None:  # finished by a worker that died before reporting it
+            checkpoints = [t.checkpoint for t in previous.turns if t.checkpoint]
+            store.adopt(checkpoints)
+            host = previous.header.host or _host(claim)
+            return _rollout_result(previous.outcome, journal, checkpoints, host)
+        discard(store, journal)  # a dead worker's half attempt: its sandbox and checkpoints go with it
+    endpoint = _endpoint(options["endpoint"])
     spec = RolloutSpec(task=payload["task"], model=payload["model"], endpoint=endpoint, journal=journal,
                        image=payload.get("image") or DEFAULT_IMAGE, cwd=options.get("cwd", "/tmp"),
                        from_journal=Path(options["from_journal"]) if options.get("from_journal") else None,
                        from_turn=payload.get("turn"), note=payload.get("note"),
                        **{k: options[k] for k in ("model_class", "step_limit", "token_limit", "wall_time_s",
                                                   "command_timeout_s") if k in options})
-    store = store_from_env()
     sandbox = None
     if spec.from_journal is None and options.get("task_dir"):
         task = load_task(Path(options["task_dir"]))
         sandbox = start_task_sandbox(store, task, options.get("label") or f"job-{claim.job.id}")
-    result = run_rollout(spec, store, sandbox=sandbox)
-    return _rollout_result(claim, result.outcome.model_dump(mode="json"), journal, result.checkpoints)
-
-
-def _endpoint(url: str, key_env: str | None):
-    """The model endpoint a job names; its key comes from this worker's environment."""
-    from ..agent.models import Endpoint
-    from ..sandbox.errors import SproutError
-
     try:
-        return Endpoint.resolve(url, key_env or os.environ.get("SPROUT_MODEL_KEY_ENV", "OPENAI_API_KEY"))
-    except SproutError as e:
-        raise SproutError(f"on this worker: {e}") from None
+        result = run_rollout(spec, store, sandbox=sandbox, stop=stop)
+    except RolloutCancelled:
+        discard(store, journal)
+        raise
+    store.adopt(result.checkpoints)
+    return _rollout_result(result.outcome, journal, result.checkpoints, _host(claim))
+
+
+def _endpoint(ref: Any):
+    """The model endpoint a job names: one configured on this worker (its URL and key from this
+    worker's $SPROUT_ENDPOINTS), or a plain URL called with no key (sprout.runstore.endpoints)."""
+    from .endpoints import resolve
+
+    return resolve(ref)
 
 
 def _host(claim: Claim) -> str:
     return claim.job.lease_host or socket.gethostname()
 
 
-def _rollout_result(claim: Claim, outcome: dict, journal: Path, checkpoints: list) -> dict[str, Any]:
-    return {"outcome": outcome, "journal": str(journal), "checkpoints": checkpoints, "host": _host(claim)}
+def _rollout_result(outcome: Any, journal: Path, checkpoints: list[str], host: str) -> dict[str, Any]:
+    """`host`: where the checkpoints are (the worker that made them, not one that reports them later)."""
+    return {"outcome": outcome.model_dump(mode="json"), "journal": str(journal), "checkpoints": checkpoints,
+            "host": host}
 
 
-def grade(claim: Claim) -> dict[str, Any]:
+def grade(claim: Claim, _stop: threading.Event) -> dict[str, Any]:
     """payload: checkpoint_id, task_dir, trial_dir (where the verifier's files go; default: a temporary
     directory); the checkpoint must be in this host's store."""
     from ..tasks import grade as grade_checkpoint
     from ..tasks import load_task
 
-    store = store_from_env()
+    store = store_from_env(claim)
     payload = claim.job.payload
     trial_dir = Path(payload["trial_dir"]) if payload.get("trial_dir") else None
-    result = grade_checkpoint(store, store.checkpoint(payload["checkpoint_id"]), load_task(Path(payload["task_dir"])),
-                              trial_dir=trial_dir)
+    result = grade_checkpoint(store, store.checkpoint(payload["checkpoint_id"]),
+                              load_task(Path(payload["task_dir"])), trial_dir=trial_dir)
     return result.model_dump(mode="json")
 
 
-def review(claim: Claim) -> dict[str, Any]:
-    """payload: reviewer (ReviewerConfig), input (ReviewInput), review_id, round, reviewed."""
+def review(claim: Claim, _stop: threading.Event) -> dict[str, Any]:
+    """payload: reviewer (sprout.runstore.kinds.ReviewerSpec), input (ReviewInput), review_id, round,
+    reviewed."""
     from pydantic import TypeAdapter
 
     from ..method.review import ReviewerConfig, ReviewInput
     from ..method.review import review as run_review
+    from .kinds import ReviewerSpec
 
     payload = claim.job.payload
-    config = TypeAdapter(ReviewerConfig).validate_python(payload["reviewer"])
-    config.endpoint = _endpoint(config.endpoint.url, config.endpoint.key_env)
+    reviewer = ReviewerSpec.model_validate(payload["reviewer"])
+    config = ReviewerConfig(endpoint=_endpoint(reviewer.endpoint),
+                            **reviewer.model_dump(exclude={"endpoint"}))
     record = run_review(config, TypeAdapter(ReviewInput).validate_python(payload["input"]),
-                        review_id=payload["review_id"], round_number=payload["round"], reviewed=payload["reviewed"])
+                        review_id=payload["review_id"], round_number=payload["round"],
+                        reviewed=payload["reviewed"])
     return record.model_dump(mode="json")
 
 
-def gate(claim: Claim) -> dict[str, Any]:
+def gate(claim: Claim, _stop: threading.Event) -> dict[str, Any]:
     """payload: task_dir, log_dir (both on a filesystem this host shares with the submitter)."""
     import asyncio
     import tempfile
@@ -113,7 +134,7 @@ def gate(claim: Claim) -> dict[str, Any]:
 
     payload = claim.job.payload
     log_dir = Path(payload.get("log_dir") or tempfile.mkdtemp(prefix="sprout-gate-"))
-    result = asyncio.run(gate_task(store_from_env(), load_task(Path(payload["task_dir"])), log_dir,
+    result = asyncio.run(gate_task(store_from_env(claim), load_task(Path(payload["task_dir"])), log_dir,
                                    rebuild_before=payload.get("rebuild_before")))
     return result.model_dump(mode="json")
 

@@ -6,10 +6,12 @@ built-in kinds are registered here; more can be added with ``register_kind``.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Collection
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .endpoints import EndpointRef
 from .errors import InvalidPayload, UnknownKind
 
 
@@ -19,9 +21,26 @@ class Payload(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class RolloutOptions(Payload):
+    """How a rollout runs (sprout.runstore.handlers.rollout). `endpoint` names a model endpoint
+    configured on the workers or gives a plain URL; a job never names a key or a key variable."""
+
+    endpoint: EndpointRef
+    journal: str
+    cwd: str = "/tmp"
+    from_journal: str | None = None
+    task_dir: str | None = None  # a fresh start in the task's sandbox, as Harbor starts it
+    label: str | None = None
+    model_class: Literal["tools", "text"] | None = None
+    step_limit: int | None = Field(None, ge=1)
+    token_limit: int | None = Field(None, ge=1)
+    wall_time_s: int | None = Field(None, ge=1)
+    command_timeout_s: int | None = Field(None, ge=1)
+
+
 class RolloutPayload(Payload):
     """Run an agent on a task inside an image, or branch `from_checkpoint` (turn `turn` of
-    options.from_journal) with `note`. `options`: see sprout.runstore.handlers.rollout."""
+    options.from_journal) with `note`."""
 
     task: str
     image: str | None = None
@@ -29,7 +48,18 @@ class RolloutPayload(Payload):
     from_checkpoint: str | None = None
     turn: int | None = None
     note: str | None = None
-    options: dict[str, Any] = {}
+    options: RolloutOptions
+
+
+class ReviewerSpec(Payload):
+    """The reviewer of a review job (sprout.method.review.ReviewerConfig, its endpoint as a reference)."""
+
+    model: str
+    endpoint: EndpointRef
+    retries: int = Field(2, ge=0)
+    seed: int = 0
+    temperature: float = 0.0
+    timeout_s: float = Field(600.0, gt=0)
 
 
 class GradePayload(Payload):
@@ -41,10 +71,10 @@ class GradePayload(Payload):
 
 
 class ReviewPayload(Payload):
-    """Review a failed trajectory (sprout.method.review): the reviewer's ReviewerConfig and the
-    ReviewInput (instruction, steps, verifier output), as JSON."""
+    """Review a failed trajectory (sprout.method.review): the reviewer and the ReviewInput
+    (instruction, steps, verifier output), as JSON."""
 
-    reviewer: dict[str, Any]
+    reviewer: ReviewerSpec
     input: dict[str, Any]
     review_id: str
     round: int = Field(ge=1)
@@ -73,13 +103,15 @@ def registered_kinds() -> list[str]:
     return sorted(_KINDS)
 
 
-def validate_payload(kind: str, payload: dict[str, Any]) -> dict[str, Any]:
-    """Return ``payload`` validated and normalised (JSON-ready) for ``kind``."""
+def validate_payload(kind: str, payload: dict[str, Any], *, endpoints: Collection[str] | None = None) -> dict[str, Any]:
+    """Return ``payload`` validated and normalised (JSON-ready) for ``kind``; with ``endpoints``, an
+    endpoint a job names must be one of those names."""
     model = _KINDS.get(kind)
     if model is None:
         raise UnknownKind(f"unknown job kind {kind!r}; registered kinds: {', '.join(registered_kinds())}")
+    context = None if endpoints is None else {"endpoints": frozenset(endpoints)}
     try:
-        return model.model_validate(payload).model_dump(mode="json")
+        return model.model_validate(payload, context=context).model_dump(mode="json")
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or 'payload'}: {err['msg']}" for err in exc.errors()

@@ -32,6 +32,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from . import queries as q
 from .db import Database
+from .endpoints import known_names
 from .errors import InvalidPayload, InvalidTransition, JobNotFound, LeaseLost, UnknownKind
 from .kinds import registered_kinds, validate_payload
 from .migrations import current_version, migrate
@@ -115,7 +116,8 @@ class RunStore:
     """Jobs in SQLite (a file path or ``sqlite:///PATH``) or PostgreSQL
     (``postgresql+psycopg://...``); the schema is created or migrated on open.
 
-    Thread-safe: share one instance between the threads of a process.
+    Thread-safe: share one instance between the threads of a process. ``endpoints``: the names of the
+    model endpoints configured on the workers; a job naming any other endpoint is refused at submit.
     """
 
     def __init__(
@@ -126,7 +128,9 @@ class RunStore:
         retry_base_s: float = 1.0,
         retry_max_s: float = 300.0,
         pool_size: int = 10,
+        endpoints: Iterable[str] = (),
     ) -> None:
+        self.endpoints = known_names(endpoints)  # model endpoint names jobs may use (workers' config)
         self._db = Database.open(url, pool_size=pool_size)
         self._clock = clock
         self._retry_base_s = retry_base_s
@@ -168,7 +172,7 @@ class RunStore:
     def submit_many(self, specs: Iterable[JobSpec | dict[str, Any]]) -> list[Job]:
         """Queue jobs in one transaction; returns them in the order given."""
         specs = [s if isinstance(s, JobSpec) else JobSpec.model_validate(s) for s in specs]
-        payloads = [validate_payload(s.kind, s.payload) for s in specs]
+        payloads = [validate_payload(s.kind, s.payload, endpoints=self.endpoints) for s in specs]
         keys = sorted({s.idempotency_key for s in specs if s.idempotency_key is not None})
         parents = sorted({s.parent_id for s in specs if s.parent_id is not None})
 

@@ -3,11 +3,13 @@
     python -m sprout.runstore.worker --slots 2 [--host-id NAME] [--kinds rollout,grade]
 
 URL and token come from SPROUT_RUNSTORE_URL / SPROUT_RUNSTORE_TOKEN (what `services env` exports) or
---url / --token-file. On SIGTERM it drains: claims nothing more, lets running jobs finish for up to
---drain-timeout seconds, then releases the leases it still holds so other workers take them at once.
-Connection errors (an API restart) are retried: claims by the loop, heartbeats and results by the
-client; a lease lost meanwhile is logged and the job's late result is refused by the store, never
-applied twice. With --ship-listen it serves this host's checkpoints to other workers; a job claimed
+--url / --token-file. On start it reaps what a killed worker left on this host (sandboxes and
+checkpoints whose owner process is gone). On SIGTERM it drains: claims nothing more, lets running jobs
+finish for up to --drain-timeout seconds, then stops the ones still running (a rollout stops between
+turns, its sandbox and half journal discarded) and only then releases their leases, so other workers
+take them at once and never run a job while it still runs here. A job that is cancelled or whose lease
+is lost (seen by the next heartbeat) is stopped the same way. Connection errors (an API restart) are
+retried: claims by the loop, heartbeats and results by the client. With --ship-listen it serves this host's checkpoints to other workers; a job claimed
 here whose checkpoint is on another host (claimed past its affinity timeout) has that checkpoint
 shipped here first (sprout.runstore.shipping).
 """
@@ -31,9 +33,10 @@ from .client import RunStoreClient
 from .errors import LeaseLost, RunStoreError
 from .models import Claim
 
-Handler = Callable[[Claim], Any]
+Handler = Callable[[Claim, threading.Event], Any]  # the event is set when the job must stop
 Fetch = Callable[[Claim], dict[str, Any] | None]  # brings a job's checkpoint here; says what moved
 REGISTER_EVERY_S = 60.0
+STOP_GRACE_S = 60.0  # how long a stopped handler may take to return (a turn: one model call, one command)
 log = logging.getLogger("sprout.worker")
 
 
@@ -48,6 +51,7 @@ class Worker:
         self._next_register = 0.0  # monotonic time of the next host registration
         self.draining = threading.Event()
         self._active: dict[int, Claim] = {}
+        self._stops: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="job")
 
@@ -98,41 +102,52 @@ class Worker:
         self.draining.set()
 
     def _drain(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while self._active and time.monotonic() < deadline:
-            time.sleep(0.2)
+        """Waits for running jobs; past `timeout_s` stops them (each releases its lease once stopped)."""
+        self._wait_idle(time.monotonic() + timeout_s)
         with self._lock:
-            leftover = list(self._active.values())
-        for claim in leftover:
-            try:
-                self.client.release(claim.job.id, claim.lease_token)
-                log.info("released job %d", claim.job.id)
-            except RunStoreError as e:
-                log.warning("could not release job %d: %s", claim.job.id, e)
+            leftover = list(self._active)
+            for job_id in leftover:
+                self._stops[job_id].set()
+        if leftover:
+            log.info("drain timeout: stopping job(s) %s", ", ".join(map(str, leftover)))
+            self._wait_idle(time.monotonic() + STOP_GRACE_S)
+        with self._lock:
+            for job_id in self._active:
+                log.warning("job %d did not stop in %.0fs; its lease is left to expire", job_id, STOP_GRACE_S)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _heartbeat(self, claim: Claim, done: threading.Event) -> None:
+    def _wait_idle(self, deadline: float) -> None:
+        while self._active and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    def _heartbeat(self, claim: Claim, done: threading.Event, stop: threading.Event) -> None:
         while not done.wait(self.heartbeat_s):
             try:
                 self.client.heartbeat(claim.job.id, claim.lease_token, extend_s=self.lease_s)
-            except LeaseLost:
-                log.warning("job %d: lease lost; its result will be refused", claim.job.id)
+            except LeaseLost as e:
+                log.warning("job %d: %s; stopping it", claim.job.id, e)
+                stop.set()
                 return
             except RunStoreError as e:
                 log.warning("job %d: heartbeat failed: %s", claim.job.id, e)
 
     def _run_one(self, claim: Claim) -> None:
-        job, done = claim.job, threading.Event()
-        beat = threading.Thread(target=self._heartbeat, args=(claim, done), daemon=True)
+        job, done, stop = claim.job, threading.Event(), threading.Event()
+        with self._lock:
+            self._stops[job.id] = stop
+        beat = threading.Thread(target=self._heartbeat, args=(claim, done, stop), daemon=True)
         beat.start()
         log.info("job %d (%s) started%s", job.id, job.kind, f", ship from {claim.ship_from}" if claim.ship_from else "")
         try:
             shipped = self.fetch(claim) if self.fetch and claim.ship_from else None
-            result = self.handlers[job.kind](claim)
+            result = self.handlers[job.kind](claim, stop)
             if shipped and isinstance(result, dict):
                 result = {**result, "shipped": shipped}
         except Exception as e:
             done.set()
+            if stop.is_set():
+                self._stopped(claim, e)
+                return
             log.error("job %d failed: %s", job.id, e)
             error = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=5)}"
             self._report(lambda: self.client.fail(job.id, claim.lease_token, error))
@@ -143,6 +158,15 @@ class Worker:
         finally:
             with self._lock:
                 self._active.pop(job.id, None)
+                self._stops.pop(job.id, None)
+
+    def _stopped(self, claim: Claim, reason: Exception) -> None:
+        """A job stopped on purpose: drained jobs go back to the queue; a cancelled one or one whose lease
+        was lost has nothing to report (the store refuses it)."""
+        log.info("job %d stopped (%s)", claim.job.id, reason)
+        if self.draining.is_set():
+            log.info("releasing job %d for another worker", claim.job.id)
+            self._report(lambda: self.client.release(claim.job.id, claim.lease_token))
 
     def _report(self, call: Callable[[], Any]) -> None:
         try:
@@ -191,6 +215,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         handlers = {k: v for k, v in handlers.items() if k in wanted}
     client = RunStoreClient(args.url, token)
+    try:
+        for line in store_from_env().reap():
+            log.info("reaped %s", line)
+    except SproutError as e:
+        log.warning("could not reap what a killed worker left: %s", e)
     server = None
     if args.ship_listen:
         bind, _, port = args.ship_listen.rpartition(":")

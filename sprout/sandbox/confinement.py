@@ -11,6 +11,7 @@ import json
 import marshal
 import os
 import resource
+import time
 from pathlib import Path
 
 from .errors import SandboxStateError
@@ -18,6 +19,7 @@ from .errors import SandboxStateError
 RUNC_STATE_DIRS = (Path("/run/runc"), Path("/run/runc-ctrs"))
 PTRACE_SEIZE, PTRACE_INTERRUPT, PTRACE_DETACH, PTRACE_SECCOMP_GET_FILTER = 0x4206, 0x4207, 17, 0x420C
 WALL = 0x40000000
+STOP_TIMEOUT_S = 10.0
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
 _libc.ptrace.restype = ctypes.c_long
@@ -54,13 +56,18 @@ def read_rlimits(pid: int) -> list[list[int]]:
     return limits
 
 
-def dump_seccomp(pid: int) -> list[bytes]:
-    """The process's seccomp filters as BPF programs, oldest first (the order to load them in)."""
+def dump_seccomp(pid: int, stop_timeout_s: float = STOP_TIMEOUT_S) -> list[bytes]:
+    """The process's seccomp filters as BPF programs, oldest first (the order to load them in). The wait
+    for the tracing stop is bounded: a stop that never comes fails the sandbox's start, never hangs it."""
     if _libc.ptrace(PTRACE_SEIZE, pid, None, None) != 0:
         raise SandboxStateError(f"cannot trace the sandbox init {pid}: {os.strerror(ctypes.get_errno())}")
     try:
         _libc.ptrace(PTRACE_INTERRUPT, pid, None, None)
-        os.waitpid(pid, WALL)
+        deadline = time.monotonic() + stop_timeout_s
+        while os.waitpid(pid, WALL | os.WNOHANG) == (0, 0):
+            if time.monotonic() > deadline:
+                raise SandboxStateError(f"the sandbox init {pid} did not stop for tracing in {stop_timeout_s:g}s")
+            time.sleep(0.0005)
         filters = []
         while (count := _libc.ptrace(PTRACE_SECCOMP_GET_FILTER, pid, ctypes.c_void_p(len(filters)), None)) > 0:
             buf = ctypes.create_string_buffer(count * 8)

@@ -19,6 +19,8 @@ RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_IN_ROOT = 0x10
 O_PATH = getattr(os, "O_PATH", 0o10000000)
 DEFAULT_MAX_BYTES = 4 << 20
+MAX_COPY_BYTES = int(os.environ.get("SPROUT_MAX_COPY_OUT_BYTES", str(1 << 30)))  # one file copied out
+CHUNK = 1 << 20
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -66,17 +68,46 @@ def check_regular(root: Path, path: str) -> None:
         os.close(handle)
 
 
-def read_file(root: Path, path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes | None:
-    """The bytes of the regular file `path` inside the sandbox, or None when it does not exist.
-    Raises UnsafeFile for anything else there (FIFO, device, socket, directory) or a larger file."""
+def _open_regular(root: Path, path: str) -> int | None:
+    """A read descriptor of the regular file `path` inside the sandbox (None: nothing there)."""
     handle = _regular_file_handle(root, path)
     if handle is None:
         return None
-    try:
-        fd = os.open(f"/proc/self/fd/{handle}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:  # the O_PATH descriptor pinned the inode: this reopens the regular file checked above
+        return os.open(f"/proc/self/fd/{handle}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     finally:
         os.close(handle)
-    try:  # the O_PATH descriptor pinned the inode: this is the regular file checked above
+
+
+def copy_out(root: Path, path: str, target: Path, max_bytes: int = MAX_COPY_BYTES) -> bool:
+    """Copies the regular file `path` inside the sandbox to `target` on the host; False when there is
+    no such file. Raises UnsafeFile for a special file or one larger than `max_bytes`."""
+    fd = _open_regular(root, path)
+    if fd is None:
+        return False
+    copied = 0
+    try:
+        with open(target, "wb") as out:
+            while chunk := os.read(fd, CHUNK):
+                copied += len(chunk)
+                if copied > max_bytes:
+                    raise UnsafeFile(f"{path} in the sandbox is larger than {max_bytes} bytes")
+                out.write(chunk)
+    except UnsafeFile:
+        target.unlink(missing_ok=True)
+        raise
+    finally:
+        os.close(fd)
+    return True
+
+
+def read_file(root: Path, path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes | None:
+    """The bytes of the regular file `path` inside the sandbox, or None when it does not exist.
+    Raises UnsafeFile for anything else there (FIFO, device, socket, directory) or a larger file."""
+    fd = _open_regular(root, path)
+    if fd is None:
+        return None
+    try:
         data = os.read(fd, max_bytes + 1)
     finally:
         os.close(fd)

@@ -158,6 +158,11 @@ def receive(dst: Store, source: ShipSource, checkpoint_id: str) -> ShipReport:
     started = time.monotonic()
     if holds(dst, checkpoint_id):
         return ShipReport(checkpoint_id, [], None, 0, time.monotonic() - started)
+    with dst.building():  # subvolumes first, rows after: gc must wait
+        return _receive(dst, source, checkpoint_id, started)
+
+
+def _receive(dst: Store, source: ShipSource, checkpoint_id: str, started: float) -> ShipReport:
     checkpoint = source.checkpoint(checkpoint_id)
     if checkpoint is None:
         raise CheckpointNotFound(f"checkpoint {checkpoint_id} is not in the source store either")

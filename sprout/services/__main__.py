@@ -1,8 +1,9 @@
 """python -m sprout.services: configure and run Sprout's background services.
 
-    setup                 guided: checks the host, asks for the model endpoint and its key variable,
-                          shows a diff and asks before changing any existing file
-    init                  the same files without questions (flags / environment for the values)
+    setup                 guided: checks the host, asks for the model endpoint "default" and its key
+                          variable, shows a diff and asks before changing any existing file
+    init                  the same files without questions (flags / environment for the values);
+                          --endpoint NAME=URL --endpoint-key-env NAME=VAR add more named endpoints
     up SERVICE...         start services (runstore-api, runstore-worker) and wait until healthy
     down [SERVICE...]     stop services (a worker drains: finishes or releases its jobs)
     status                pid, port, health and uptime of each service
@@ -17,29 +18,82 @@ import os
 import subprocess
 from pathlib import Path
 
+from pydantic import ValidationError
 from rich.table import Table
 
 from ..console import console, run_parser
+from ..runstore.endpoints import ConfiguredEndpoint, check_name
 from ..sandbox.errors import SproutError
 from . import supervisor
-from .config import SCOPES, ServicesConfig, config_dir, load, render, token, write_secret
+from .config import DEFAULT_KEY_ENV, SCOPES, ServicesConfig, config_dir, load, render, token, write_secret
 
 REPO_RUNTIME = Path(__file__).resolve().parents[2] / "runtime" / "sprout-runtime"
 
 
 def _config_from(args, base: ServicesConfig) -> ServicesConfig:
     values = base.model_dump()
-    for field, value in (("model_endpoint", args.model_endpoint), ("model_key_env", args.model_key_env),
-                         ("runstore_port", args.port), ("runstore_db", args.db), ("worker_slots", args.slots),
+    values["endpoints"] = _endpoints_from(args, base.endpoints)
+    for field, value in (("runstore_port", args.port), ("runstore_db", args.db), ("worker_slots", args.slots),
                          ("runtime_bin", args.runtime_bin), ("worker_ship_listen", getattr(args, "ship_listen", None)),
-                         ("worker_host_id", getattr(args, "host_id", None))):
+                         ("worker_host_id", getattr(args, "host_id", None)),
+                         ("worker_drain_s", getattr(args, "drain_timeout", None))):
         if value not in (None, ""):
             values[field] = value
     return ServicesConfig(**values)
 
 
+def _pairs(values: list[str] | None, flag: str, form: str) -> dict[str, str]:
+    """NAME=VALUE flags as a dict; one error line for anything else."""
+    pairs = {}
+    for item in values or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise SproutError(f"{flag} wants {form}, got {item!r}")
+        pairs[name] = value
+    return pairs
+
+
+def _endpoint(name: str, url: str, key_env: str | None) -> ConfiguredEndpoint:
+    try:
+        return ConfiguredEndpoint(url=url, key_env=key_env or None)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise SproutError(f"endpoint {name!r}: {first['loc'][0]}: {first['msg']}") from None
+
+
+def _endpoints_from(args, base: dict[str, ConfiguredEndpoint]) -> dict[str, ConfiguredEndpoint]:
+    """`base` with --endpoint NAME=URL (an empty URL removes NAME) and --endpoint-key-env NAME=VAR
+    (empty VAR: no key) applied; --model-endpoint/--model-key-env are the same for "default". A new
+    endpoint has no key variable, except "default", whose key is in $SPROUT_MODEL_API_KEY."""
+    urls = _pairs(args.endpoint, "--endpoint", "NAME=URL")
+    keys = _pairs(args.endpoint_key_env, "--endpoint-key-env", "NAME=VAR")
+    if args.model_endpoint:
+        urls.setdefault("default", args.model_endpoint)
+    if args.model_key_env:
+        keys.setdefault("default", args.model_key_env)
+    endpoints = dict(base)
+    for name, url in urls.items():
+        try:
+            check_name(name)
+        except ValueError as e:
+            raise SproutError(f"--endpoint: {e}") from None
+        if not url:
+            endpoints.pop(name, None)
+            continue
+        old = endpoints.get(name)
+        key_env = old.key_env if old else (DEFAULT_KEY_ENV if name == "default" else None)
+        endpoints[name] = _endpoint(name, url, keys.get(name, key_env))
+    for name, key_env in keys.items():
+        if name not in endpoints:
+            raise SproutError(f"--endpoint-key-env {name}={key_env}: no endpoint {name!r}; add it with "
+                              f"--endpoint {name}=URL")
+        endpoints[name] = _endpoint(name, endpoints[name].url, key_env)
+    return endpoints
+
+
 def _defaults() -> ServicesConfig:
-    return ServicesConfig(model_endpoint=os.environ.get("SPROUT_MODEL_ENDPOINT") or os.environ.get("OPENAI_BASE_URL", ""),
+    url = os.environ.get("SPROUT_MODEL_ENDPOINT") or os.environ.get("OPENAI_BASE_URL", "")
+    return ServicesConfig(endpoints={"default": _endpoint("default", url, DEFAULT_KEY_ENV)} if url else {},
                           runtime_bin=str(REPO_RUNTIME) if REPO_RUNTIME.exists() else "")
 
 
@@ -86,6 +140,19 @@ def _ask(question: str, default: str) -> str:
     return answer or default
 
 
+def _ask_number(question: str, default: int, lowest: int, highest: int) -> int:
+    """Asks until the answer is a whole number from `lowest` to `highest` (empty: `default`)."""
+    while True:
+        answer = _ask(question, str(default))
+        try:
+            number = int(answer)
+        except ValueError:
+            number = None
+        if number is not None and lowest <= number <= highest:
+            return number
+        console.print(f"  {answer!r} is not a whole number from {lowest} to {highest}; try again", markup=False)
+
+
 def cmd_setup(args) -> int:
     from ..worker.doctor import run_checks
 
@@ -95,15 +162,19 @@ def cmd_setup(args) -> int:
     for check in checks:
         console.print(f"  {'PASS' if check.ok else 'FAIL'}  {check.name:<12} {check.detail}", markup=False)
     base = load(directory) if (directory / "services.json").exists() else _defaults()
-    endpoint = _ask("model endpoint (OpenAI-compatible base URL)", base.model_endpoint or "http://127.0.0.1:8000/v1")
-    key_env = _ask("name of the environment variable holding its API key", base.model_key_env)
-    port = int(_ask("Run Store API port", str(base.runstore_port)))
-    slots = int(_ask("worker slots (jobs at once on this host)", str(base.worker_slots)))
-    config = base.model_copy(update={"model_endpoint": endpoint, "model_key_env": key_env, "runstore_port": port,
+    old = base.endpoints.get("default")
+    url = _ask('model endpoint "default" (OpenAI-compatible base URL)', old.url if old else "http://127.0.0.1:8000/v1")
+    key_env = _ask("name of the environment variable holding its API key on the workers ('none': no key)",
+                   (old.key_env or "none") if old else DEFAULT_KEY_ENV)
+    key_env = "" if key_env == "none" else key_env
+    endpoints = {**base.endpoints, "default": _endpoint("default", url, key_env)}
+    port = _ask_number("Run Store API port", base.runstore_port, 1, 65535)
+    slots = _ask_number("worker slots (jobs at once on this host)", base.worker_slots, 1, 4096)
+    config = base.model_copy(update={"endpoints": endpoints, "runstore_port": port,
                                      "worker_slots": slots})
     for line in [_write_config(directory, config, ask=True, force=False), *_write_secrets(directory)]:
         console.print(line, markup=False)
-    if key_env not in os.environ:
+    if key_env and key_env not in os.environ:
         console.print(f"note: {key_env} is not set in this shell; export it before `up runstore-worker`")
     return 0 if all(c.ok for c in checks) else 1
 
@@ -138,8 +209,9 @@ def cmd_up(args) -> int:
 
 def cmd_down(args) -> int:
     directory = config_dir()
+    config = load(directory)
     for name in reversed(_services(args.services)):
-        console.print(supervisor.down(name, directory), markup=False)
+        console.print(supervisor.down(name, config, directory), markup=False)
     return 0
 
 
@@ -176,11 +248,23 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("setup", help="guided configuration").set_defaults(func=cmd_setup)
     s = sub.add_parser("init", help="write the configuration without questions")
-    s.add_argument("--model-endpoint", help="OpenAI-compatible base URL (default $SPROUT_MODEL_ENDPOINT or $OPENAI_BASE_URL)")
-    s.add_argument("--model-key-env", help="name of the variable holding the model key (default SPROUT_MODEL_API_KEY)")
+    s.add_argument("--model-endpoint", metavar="URL",
+                   help='the "default" endpoint: an OpenAI-compatible base URL (default $SPROUT_MODEL_ENDPOINT or '
+                        "$OPENAI_BASE_URL); the same as --endpoint default=URL")
+    s.add_argument("--model-key-env", metavar="VAR",
+                   help='name of the variable holding the "default" endpoint\'s key on the workers (default '
+                        "SPROUT_MODEL_API_KEY); the same as --endpoint-key-env default=VAR")
+    s.add_argument("--endpoint", action="append", metavar="NAME=URL",
+                   help="a named model endpoint jobs may use (repeatable; an empty URL removes NAME)")
+    s.add_argument("--endpoint-key-env", action="append", metavar="NAME=VAR",
+                   help="the variable holding NAME's key on the workers (repeatable; default: no key, except "
+                        "SPROUT_MODEL_API_KEY for default; empty VAR: no key)")
     s.add_argument("--port", type=int, help="Run Store API port (default 8470)")
     s.add_argument("--db", help="Run Store database URL (default: SQLite in the config dir)")
     s.add_argument("--slots", type=int, help="worker slots (default 2)")
+    s.add_argument("--drain-timeout", type=float, metavar="SECONDS",
+                   help="on `down`, how long a worker's running jobs may finish before they are stopped and "
+                        "released (default 120)")
     s.add_argument("--runtime-bin", help="sprout-runtime for the worker's sandboxes")
     s.add_argument("--host-id", help="this host's name for job affinity (default: the hostname)")
     s.add_argument("--ship-listen", metavar="ADDR:PORT",

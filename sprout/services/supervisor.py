@@ -10,16 +10,27 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
+from ..runstore.endpoints import ENDPOINTS_ENV, render_endpoints
+from ..runstore.worker import STOP_GRACE_S
 from .config import ServicesConfig, config_dir
 
 SERVICES = ("runstore-api", "runstore-worker")
-STOP_TIMEOUT_S = 60
+STOP_TIMEOUT_S = 60  # the API's; a worker's is its drain, its jobs' stop grace and this margin
+
+
+def stop_timeout(name: str, config: ServicesConfig) -> float:
+    """How long the supervisor waits for a service to exit on SIGTERM before it SIGKILLs it: for a worker,
+    longer than its drain and the grace its stopped jobs get, so no job is killed mid-turn."""
+    if name == "runstore-worker":
+        return config.worker_drain_s + STOP_GRACE_S + STOP_TIMEOUT_S
+    return STOP_TIMEOUT_S
 
 
 @dataclass
@@ -37,10 +48,11 @@ def command(name: str, config: ServicesConfig, directory: Path) -> list[str]:
     if name == "runstore-api":
         return [py, "-m", "sprout.runstore.api", "--db", config.db_url(directory), "--host", config.runstore_host,
                 "--port", str(config.runstore_port), "--tokens", str(directory / "secrets" / "tokens.json"),
-                "--log-level", "warning"]
+                "--log-level", "warning", *(["--endpoints", ",".join(config.endpoints)] if config.endpoints else [])]
     if name == "runstore-worker":
         return [py, "-m", "sprout.runstore.worker", "--url", config.url, "--token-file",
-                str(directory / "secrets" / "worker.token"), "--slots", str(config.worker_slots), "--host-id",
+                str(directory / "secrets" / "worker.token"), "--slots", str(config.worker_slots),
+                "--drain-timeout", str(config.worker_drain_s), "--host-id",
                 config.worker_host_id, "--alive-file", str(directory / "run" / "runstore-worker.alive"),
                 *(["--ship-listen", config.worker_ship_listen] if config.worker_ship_listen else [])]
     raise ValueError(name)
@@ -48,9 +60,7 @@ def command(name: str, config: ServicesConfig, directory: Path) -> list[str]:
 
 def service_env(config: ServicesConfig) -> dict[str, str]:
     env = dict(os.environ)
-    env["SPROUT_MODEL_KEY_ENV"] = config.model_key_env  # workers pass this variable's value to their jobs
-    if config.model_endpoint:
-        env["SPROUT_MODEL_ENDPOINT"] = config.model_endpoint
+    env[ENDPOINTS_ENV] = render_endpoints(config.endpoints)  # the only endpoints whose keys workers send
     if config.runtime_bin:
         env["SPROUT_RUNTIME_BIN"] = config.runtime_bin
     return env
@@ -117,13 +127,13 @@ def up(name: str, config: ServicesConfig, directory: Path, wait_s: float = 30) -
                        f"python -m sprout.services logs {name}")
 
 
-def down(name: str, directory: Path) -> str:
+def down(name: str, config: ServicesConfig, directory: Path) -> str:
     info = read_pid(name, directory)
     if info is None:
         _pid_file(name, directory).unlink(missing_ok=True)
         return f"ok    {name} not running"
     os.kill(info["pid"], signal.SIGTERM)
-    deadline = time.monotonic() + STOP_TIMEOUT_S + 5
+    deadline = time.monotonic() + stop_timeout(name, config) + 5
     while _alive(info["pid"]) and time.monotonic() < deadline:
         time.sleep(0.1)
     _pid_file(name, directory).unlink(missing_ok=True)
@@ -150,9 +160,19 @@ def supervise(name: str) -> int:
 
     def on_term(*_):
         nonlocal stopping
+        if stopping:
+            return
         stopping = True
         if child and child.poll() is None:
             child.send_signal(signal.SIGTERM)
+            timer = threading.Timer(stop_timeout(name, config), kill_child)
+            timer.daemon = True
+            timer.start()
+
+    def kill_child() -> None:
+        if child and child.poll() is None:
+            print(f"supervisor: {name} did not stop in {stop_timeout(name, config):.0f}s; killing it", flush=True)
+            child.kill()
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
@@ -171,9 +191,4 @@ def supervise(name: str) -> int:
         print(f"supervisor: {name} exited with {code}; restarting in {backoff:.0f}s", flush=True)
         time.sleep(backoff)
         backoff = 1.0 if time.time() - started > 60 else min(backoff * 2, 30)
-    if child and child.poll() is None:
-        try:
-            child.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            child.kill()
     return 0

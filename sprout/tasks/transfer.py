@@ -9,6 +9,7 @@ import os
 import shutil
 from pathlib import Path, PurePosixPath
 
+from ..sandbox import rootfs
 from .errors import TaskError
 
 MAX_SYMLINKS = 40
@@ -132,16 +133,23 @@ def upload_dir(root: Path, source: Path, target: str, owner: tuple[int, int]) ->
                 _copy_file_in(local, host, owner)
 
 
+def _copy_out(root: Path, source: str, target: Path) -> bool:
+    """rootfs.copy_out with its refusals as TransferError (the sandbox is live while this reads it)."""
+    try:
+        return rootfs.copy_out(root, source, target)
+    except rootfs.UnsafeFile as e:
+        raise TransferError(str(e)) from None
+
+
 def download_file(root: Path, source: str, target: Path) -> None:
     """Copies an in-sandbox file to the host (into `target`, or inside it when it is a directory)."""
-    host = resolve(root, source)
-    if not host.is_file():
-        raise TransferError(f"{source} is not a file in the sandbox")
+    resolve(root, source)  # refuses what is not on the sandbox's disk (bind mounts, /proc, ...)
     target = Path(target)
     if target.is_dir():
-        target = target / host.name
+        target = target / PurePosixPath(source).name
     target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(host, target)
+    if not _copy_out(root, source, target):
+        raise TransferError(f"{source} is not a file in the sandbox")
 
 
 def download_dir(root: Path, source: str, target: Path) -> None:
@@ -159,6 +167,7 @@ def download_dir(root: Path, source: str, target: Path) -> None:
         (target / rel).mkdir(parents=True, exist_ok=True)
         for name in files + [d for d in dirs if (Path(current) / d).is_symlink()]:
             in_sandbox = PurePosixPath(source) / rel.as_posix() / name
-            real = resolve(root, str(in_sandbox))
-            if real.is_file():
-                shutil.copyfile(real, target / rel / name)
+            try:
+                _copy_out(root, str(in_sandbox), target / rel / name)
+            except TransferError:
+                continue  # a link to a directory, a special or oversized file: the host gets regular files only

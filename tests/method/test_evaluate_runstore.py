@@ -4,9 +4,15 @@ gives."""
 
 import json
 
+import pytest
+
+from sprout.eval.evaluate import endpoints
+from sprout.eval.evaluate import parser as evaluate_parser
+from sprout.eval.remote import endpoint_ref
 from sprout.eval.results import find_summaries
 from sprout.eval.summary import read_summary
 from sprout.runstore.client import RunStoreClient
+from sprout.sandbox.errors import SproutError
 from sprout.testing.scripted_model import ScriptedModelServer
 from tests.method.conftest import KEY_ENV, evaluate_args, run_module
 from tests.method.test_benchmark import SOLVE
@@ -14,12 +20,16 @@ from tests.method.test_evaluate import BRANCH, FIRST, REVIEW
 from tests.services.test_services import free_port, services
 
 
-def evaluate(dataset, out, env: dict) -> tuple:
-    """One SPROUT evaluation with fresh scripted servers: a1 fails, the review picks turn 2, r1b1 passes."""
+def evaluate(dataset, out, env: dict, *, remote: bool = False) -> tuple:
+    """One SPROUT evaluation with fresh scripted servers: a1 fails, the review picks turn 2, r1b1 passes.
+    `remote`: over a Run Store, where plain URLs are called with no key (no --model-key-env)."""
     with ScriptedModelServer([{"content": json.dumps(REVIEW)}]) as reviewer, \
             ScriptedModelServer(FIRST + BRANCH) as agent:
-        result = run_module("sprout.eval.evaluate", *evaluate_args(dataset, out, agent.base_url, "--review-endpoint",
-                                                                   reviewer.base_url), env=env)
+        args = evaluate_args(dataset, out, agent.base_url, "--review-endpoint", reviewer.base_url)
+        if remote:
+            at = args.index("--model-key-env")
+            del args[at:at + 2]
+        result = run_module("sprout.eval.evaluate", *args, env=env)
         return result, len(agent.requests), len(reviewer.requests)
 
 
@@ -41,7 +51,7 @@ def test_evaluation_through_the_run_store_gives_the_in_process_summary(dataset, 
         exports = dict(item.split("=", 1) for item in services(config, "env").stdout.split()[1:])
         remote_out, local_out = tmp_path / "remote", tmp_path / "local"
         outputs.extend([remote_out, local_out, tmp_path / "bench"])
-        remote, agent_calls, review_calls = evaluate(dataset, remote_out, {**exports, KEY_ENV: None})  # the worker has it
+        remote, agent_calls, review_calls = evaluate(dataset, remote_out, {**exports, KEY_ENV: None}, remote=True)
         assert remote.returncode == 0, remote.stdout + remote.stderr
         assert "running as Run Store jobs at " + exports["SPROUT_RUNSTORE_URL"] in remote.stdout
         assert "r1b1   turn   3" in remote.stdout  # turns are followed from the worker's journal
@@ -51,7 +61,8 @@ def test_evaluation_through_the_run_store_gives_the_in_process_summary(dataset, 
         bench = benchmark(dataset, tmp_path / "bench", exports)
         assert bench.returncode == 0, bench.stdout + bench.stderr
         bench_jobs = [j for j in client.list(limit=100).jobs if j.id not in {k.id for k in jobs}]
-        refused, *_ = evaluate(dataset, tmp_path / "refused", {**exports, "SPROUT_RUNSTORE_TOKEN": "wrong"})
+        refused, *_ = evaluate(dataset, tmp_path / "refused", {**exports, "SPROUT_RUNSTORE_TOKEN": "wrong"},
+                               remote=True)
         assert refused.returncode == 1 and "Traceback" not in refused.stderr
         assert f"the Run Store at {exports['SPROUT_RUNSTORE_URL']} refused a rollout job" in refused.stderr
     finally:
@@ -60,6 +71,8 @@ def test_evaluation_through_the_run_store_gives_the_in_process_summary(dataset, 
     assert all(j.state == "succeeded" for j in jobs) and len({j.group_id for j in jobs}) == 1
     branch_job = next(j for j in jobs if j.kind == "rollout" and j.payload["turn"] == 2)
     assert branch_job.host and branch_job.payload["from_checkpoint"]  # prefers the host holding turn 2
+    assert branch_job.payload["options"]["endpoint"]["url"].startswith("http://127.0.0.1:")  # called with no key
+    assert "key_env" not in json.dumps([j.payload for j in jobs])
     local, *_ = evaluate(dataset, local_out, {"SPROUT_RUNSTORE_URL": None, "SPROUT_RUNSTORE_TOKEN": None})
     assert local.returncode == 0, local.stdout + local.stderr
     remote_summary, local_summary = read_summary(remote_out), read_summary(local_out)
@@ -81,5 +94,26 @@ def benchmark(dataset, out, env: dict):
         return run_module("sprout.eval.benchmark", "--tasks-dir", dataset.tasks_dir, "--output", out, "--methods",
                           "single", "restarts", "--workers", "1", "--dataset-digest", dataset.digest,
                           "--preparation-manifest", dataset.manifest, "--model", "scripted", "--model-endpoint",
-                          agent.base_url, "--model-key-env", KEY_ENV, "--allow-dirty", "--step-limit", "5",
+                          agent.base_url, "--allow-dirty", "--step-limit", "5",
                           "--rounds", "1", "--branches", "2", env=env)
+
+
+def test_over_a_run_store_jobs_name_a_workers_endpoint_or_a_keyless_url():
+    """--model-endpoint-name (default "default") names an endpoint configured on the workers; a plain
+    --model-endpoint URL goes as a URL; a key variable never goes into a job."""
+    flags = ["--model", "m", "--dataset-digest", "d", "--preparation-manifest", "p"]
+
+    def parse(*extra: str):
+        return evaluate_parser().parse_args(["--task-dir", "t", "--output", "o", *flags, *extra])
+
+    agent, reviewer = endpoints(parse(), remote=True)
+    assert endpoint_ref(agent) == endpoint_ref(reviewer) == {"name": "default"}
+    agent, reviewer = endpoints(parse("--model-endpoint", "http://h:1/v1/", "--review-endpoint-name", "big"),
+                                remote=True)
+    assert (endpoint_ref(agent), endpoint_ref(reviewer)) == ({"url": "http://h:1/v1"}, {"name": "big"})
+    with pytest.raises(SproutError, match="--model-key-env does not apply over a Run Store"):
+        endpoints(parse("--model-endpoint", "http://h:1/v1", "--model-key-env", KEY_ENV), remote=True)
+    with pytest.raises(SproutError, match="not both"):
+        endpoints(parse("--model-endpoint", "http://h:1/v1", "--model-endpoint-name", "x"), remote=True)
+    with pytest.raises(SproutError, match="--model-endpoint-name names an endpoint of a Run Store's workers"):
+        endpoints(parse("--model-endpoint-name", "default"), remote=False)

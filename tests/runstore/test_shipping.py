@@ -85,7 +85,7 @@ def test_busy_host_checkpoint_is_shipped_to_the_claiming_host(base_store, other_
 
             def branch(turn: int, checkpoint: str, name: str):
                 payload = {"task": "make f", "model": "scripted", "turn": turn, "from_checkpoint": checkpoint,
-                           "options": {"endpoint": model.base_url, "key_env": KEY_ENV, "cwd": "/root",
+                           "options": {"endpoint": {"url": model.base_url}, "cwd": "/root",
                                        "journal": str(tmp_path / f"{name}.jsonl"),
                                        "from_journal": str(first.journal)}}
                 job = submitter.submit("rollout", payload, host="host-a", affinity_timeout_s=1.0)
@@ -110,7 +110,8 @@ def test_busy_host_checkpoint_is_shipped_to_the_claiming_host(base_store, other_
             # a checkpoint whose host serves nothing: one clear error, not a branch from the wrong state
             worker_client.register_host("host-c", None)
             gone = submitter.submit("rollout", {"task": "t", "model": "scripted", "turn": 1, "from_checkpoint": "cp-x",
-                                                "options": {"endpoint": model.base_url, "journal": str(tmp_path / "g")}},
+                                                "options": {"endpoint": {"url": model.base_url},
+                                                            "journal": str(tmp_path / "g")}},
                                     host="host-c", affinity_timeout_s=0, max_attempts=1)
             gone = wait_for(submitter, gone.id)
             assert gone.state == "failed" and "cp-x is on host host-c, whose worker serves no checkpoints" in gone.error

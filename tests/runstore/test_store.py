@@ -24,7 +24,8 @@ from .conftest import FakeClock
 GATE = {"task_dir": "tasks/t1"}
 
 
-REVIEW = {"reviewer": {}, "input": {}, "review_id": "r1", "round": 1, "reviewed": "a1"}
+REVIEW = {"reviewer": {"model": "m", "endpoint": {"url": "http://127.0.0.1:1/v1"}}, "input": {}, "review_id": "r1",
+          "round": 1, "reviewed": "a1"}
 
 
 def gate(store: RunStore, **opts: object):
@@ -38,7 +39,9 @@ def claim_one(store: RunStore, host: str = "h1", **kwargs: object):
 
 
 def test_submit_get_and_payload_validation(store: RunStore) -> None:
-    job = store.submit("rollout", {"task": "fix-bug", "model": "m", "turn": 3}, priority=5, group_id="g")
+    options = {"endpoint": {"url": "http://127.0.0.1:1/v1"}, "journal": "j.jsonl"}
+    job = store.submit("rollout", {"task": "fix-bug", "model": "m", "turn": 3, "options": options}, priority=5,
+                       group_id="g")
     assert job.state == JobState.QUEUED
     assert job.payload["task"] == "fix-bug" and job.payload["turn"] == 3
     assert job.attempts == 0 and job.lease_token == 0 and job.priority == 5

@@ -232,3 +232,22 @@ def test_gc_reaps_what_a_killed_owner_left_running(rt_store, tmp_path):
     remaining = {c.id for c in rt_store.checkpoints()}
     assert kept in remaining and dropped not in remaining
     rt_store.remove_checkpoint(kept)
+
+
+def test_copying_files_out_never_follows_links_out_or_blocks_on_special_files(rt_store, tmp_path):
+    from sprout.tasks import transfer
+
+    secret = tmp_path / "host-secret"
+    secret.write_text("host only\n")
+    sb = rt_store.create_sandbox(PYTHON_IMAGE)
+    sb.exec(f"mkdir -p /logs && echo 1 > /logs/reward.txt && mkfifo /logs/fifo && ln -s {secret} /logs/leak "
+            "&& ln -s /logs/reward.txt /logs/inside")
+    out = tmp_path / "out"
+    started = time.monotonic()
+    transfer.download_dir(sb.path, "/logs", out)
+    assert time.monotonic() - started < 5
+    assert sorted(p.name for p in out.iterdir()) == ["inside", "reward.txt"]
+    assert (out / "inside").read_text() == "1\n"
+    for name in ("fifo", "leak"):
+        with pytest.raises(transfer.TransferError):
+            transfer.download_file(sb.path, f"/logs/{name}", tmp_path / name)

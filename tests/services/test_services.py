@@ -9,10 +9,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 
 from sprout.agent.journal import read_journal
 from sprout.runstore.client import RunStoreClient
+from sprout.runstore.endpoints import ConfiguredEndpoint
+from sprout.runstore.errors import InvalidPayload
 from sprout.sandbox import Store
+from sprout.services import supervisor
+from sprout.services.config import load
 from sprout.testing.scripted_model import ScriptedModelServer
 from tests.conftest import REPO
 
@@ -52,6 +57,32 @@ def test_init_then_setup_with_scripted_answers(tmp_path):
     assert "differs" in init_again.stdout and json.loads((a / "services.json").read_text())["runstore_port"] == 18471
 
 
+def test_named_endpoints_in_services_json_reach_the_api_and_the_worker_but_no_key_value(tmp_path):
+    old = tmp_path / "old"  # a services.json from before named endpoints
+    old.mkdir()
+    (old / "services.json").write_text(json.dumps({"model_endpoint": "http://127.0.0.1:9999/v1",
+                                                   "model_key_env": "MY_KEY", "runstore_port": 18473}))
+    assert load(old).endpoints == {"default": ConfiguredEndpoint(url="http://127.0.0.1:9999/v1", key_env="MY_KEY")}
+    flags = ["--endpoint", "gpu=http://10.0.0.2:8000/v1/", "--endpoint-key-env", "gpu=GPU_KEY",
+             "--endpoint", "policy=http://127.0.0.1:11002/v1", "--force"]
+    init = services(old, "init", *flags, env={"MY_KEY": "sk-value-never-in-files"})
+    assert init.returncode == 0, init.stdout + init.stderr
+    written = json.loads((old / "services.json").read_text())
+    assert "model_endpoint" not in written and "model_key_env" not in written
+    assert written["endpoints"] == {"default": {"url": "http://127.0.0.1:9999/v1", "key_env": "MY_KEY"},
+                                    "gpu": {"url": "http://10.0.0.2:8000/v1", "key_env": "GPU_KEY"},
+                                    "policy": {"url": "http://127.0.0.1:11002/v1", "key_env": None}}
+    config = load(old)
+    assert supervisor.command("runstore-api", config, old)[-2:] == ["--endpoints", "default,gpu,policy"]
+    env = supervisor.service_env(config)
+    assert json.loads(env["SPROUT_ENDPOINTS"]) == written["endpoints"]
+    assert "sk-value-never-in-files" not in (old / "services.json").read_text() + env["SPROUT_ENDPOINTS"]
+    bad = services(old, "init", "--endpoint-key-env", "nope=X", "--force")
+    assert bad.returncode == 1 and "no endpoint 'nope'" in bad.stderr and "Traceback" not in bad.stderr
+    bad = services(old, "init", "--endpoint", "gpu=ftp://x", "--force")
+    assert bad.returncode == 1 and "must be an http(s) URL" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_up_status_env_rollout_job_down(tmp_path):
     config = tmp_path / "cfg"
     port = free_port()
@@ -59,7 +90,7 @@ def test_up_status_env_rollout_job_down(tmp_path):
               {"thought": "done", "command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}]
     with ScriptedModelServer(script, api_key="sk-test") as model:  # 401 unless the worker passes the key
         assert services(config, "init", "--port", str(port), "--model-endpoint", model.base_url).returncode == 0
-        env = {"SPROUT_MODEL_API_KEY": "sk-test"}
+        env = {"SPROUT_MODEL_API_KEY": "sk-test", "OPENAI_API_KEY": "sk-test"}  # neither goes to a plain URL
         up = services(config, "up", "runstore-api", "runstore-worker", env=env)
         try:
             assert up.returncode == 0, up.stdout + up.stderr
@@ -73,22 +104,37 @@ def test_up_status_env_rollout_job_down(tmp_path):
             token = exports.split("SPROUT_RUNSTORE_TOKEN=")[1].strip()
             client = RunStoreClient(url, token)
             journal = tmp_path / "job.jsonl"
-            job = client.submit("rollout", {"task": "say hello", "model": "scripted",
-                                            "options": {"endpoint": model.base_url, "journal": str(journal)}})
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and client.get(job.id).state not in ("succeeded", "failed"):
-                time.sleep(0.5)
-            done = client.get(job.id)
+            with pytest.raises(InvalidPayload, match="no endpoint named 'elsewhere' is configured"):
+                client.submit("rollout", {"task": "say hello", "model": "scripted", "options": {
+                    "endpoint": {"name": "elsewhere"}, "journal": str(journal)}})
+            job = client.submit("rollout", {"task": "say hello", "model": "scripted",  # the worker's key
+                                            "options": {"endpoint": {"name": "default"}, "journal": str(journal)}})
+            done = wait_done(client, job.id)
             assert done.state == "succeeded", done.error
             assert done.result["outcome"]["status"] == "submitted" and done.result["journal"] == str(journal)
             assert "hello" in read_journal(journal).turns[0].observation
+            assert [r["status"] for r in model.requests] == [200, 200]
+            model.reset()  # the same server as a plain URL: the worker sends no key of its own, so 401
+            plain = tmp_path / "plain.jsonl"
+            job = client.submit("rollout", {"task": "say hello", "model": "scripted", "options": {
+                "endpoint": {"url": model.base_url}, "journal": str(plain)}}, max_attempts=1)
+            wait_done(client, job.id)
+            assert model.requests and {r["status"] for r in model.requests} == {401}
         finally:
             down = services(config, "down")
         assert "stopped" in down.stdout
         assert services(config, "status").stdout.count("not running") == 2
     store = Store()
-    for turn in read_journal(journal).turns:
-        store.remove_checkpoint(turn.checkpoint, force=True)
+    for path in (journal, plain):
+        for turn in read_journal(path).turns if path.exists() else []:
+            store.remove_checkpoint(turn.checkpoint, force=True)
+
+
+def wait_done(client: RunStoreClient, job_id: int, timeout_s: float = 120):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and client.get(job_id).state not in ("succeeded", "failed"):
+        time.sleep(0.5)
+    return client.get(job_id)
 
 
 def test_gate_through_the_run_store_gives_the_in_process_summary(tmp_path):
@@ -120,3 +166,39 @@ def test_gate_through_the_run_store_gives_the_in_process_summary(tmp_path):
     assert verdicts(tmp_path / "local")["py-bugfix"] == ("pass", 1.0, 0.0)
     assert len(jobs.jobs) == 5 and all(j.state == "succeeded" for j in jobs.jobs)  # malformed-toml never ran
     assert (tmp_path / "remote" / "py-bugfix" / "gate.log").exists()
+
+
+def test_down_mid_rollout_stops_the_job_and_releases_it(tmp_path):
+    config = tmp_path / "cfg"
+    slow = [{"thought": "work", "command": "sleep 0.3", "delay_s": 0.3}] * 40
+    with ScriptedModelServer(slow) as model:
+        init = services(config, "init", "--port", str(free_port()), "--model-endpoint", model.base_url,
+                        "--drain-timeout", "1")
+        assert init.returncode == 0, init.stderr
+        assert load(config).worker_drain_s == 1
+        assert supervisor.stop_timeout("runstore-worker", load(config)) > 1 + supervisor.STOP_GRACE_S
+        env = {"SPROUT_MODEL_API_KEY": "unused"}
+        up = services(config, "up", "runstore-api", "runstore-worker", env=env)
+        try:
+            assert up.returncode == 0, up.stdout + up.stderr
+            exports = services(config, "env").stdout.strip()
+            client = RunStoreClient(exports.split("SPROUT_RUNSTORE_URL=")[1].split()[0],
+                                    exports.split("SPROUT_RUNSTORE_TOKEN=")[1].strip())
+            journal = tmp_path / "drained.jsonl"
+            job = client.submit("rollout", {"task": "work", "model": "scripted", "options": {
+                "endpoint": {"url": model.base_url}, "journal": str(journal), "step_limit": 100}})
+            deadline = time.monotonic() + 60
+            while not (journal.exists() and read_journal(journal).turns):
+                assert time.monotonic() < deadline, "no turn in 60 s"
+                time.sleep(0.2)
+            sandbox_id = read_journal(journal).header.sandbox
+            started = time.monotonic()
+            down = services(config, "down")
+            assert "runstore-worker stopped" in down.stdout
+            assert time.monotonic() - started < 30  # the drain (1 s) and one turn, not the supervisor's limit
+        finally:
+            services(config, "down")
+        log = (config / "logs" / "runstore-worker.log").read_text()
+        assert f"job {job.id} stopped" in log and f"releasing job {job.id}" in log
+        assert not journal.exists()
+        assert sandbox_id not in {s.id for s in Store().sandboxes()}
