@@ -9,7 +9,8 @@ finish for up to --drain-timeout seconds, then stops the ones still running (a r
 turns, its sandbox and half journal discarded) and only then releases their leases, so other workers
 take them at once and never run a job while it still runs here. A job that is cancelled or whose lease
 is lost (seen by the next heartbeat) is stopped the same way. Connection errors (an API restart) are
-retried: claims by the loop, heartbeats and results by the client. With --ship-listen it serves this host's checkpoints to other workers; a job claimed
+retried: claims by the loop, heartbeats and results by the client. With --ship-listen it serves this
+host's checkpoints to other workers; a job claimed
 here whose checkpoint is on another host (claimed past its affinity timeout) has that checkpoint
 shipped here first (sprout.runstore.shipping).
 """
@@ -81,6 +82,7 @@ class Worker:
             for claim in claims:
                 with self._lock:
                     self._active[claim.job.id] = claim
+                    self._stops[claim.job.id] = threading.Event()
                 self._pool.submit(self._run_one, claim)
         self._drain(drain_timeout_s)
 
@@ -132,13 +134,15 @@ class Worker:
                 log.warning("job %d: heartbeat failed: %s", claim.job.id, e)
 
     def _run_one(self, claim: Claim) -> None:
-        job, done, stop = claim.job, threading.Event(), threading.Event()
+        job, done = claim.job, threading.Event()
         with self._lock:
-            self._stops[job.id] = stop
+            stop = self._stops[job.id]
         beat = threading.Thread(target=self._heartbeat, args=(claim, done, stop), daemon=True)
         beat.start()
         log.info("job %d (%s) started%s", job.id, job.kind, f", ship from {claim.ship_from}" if claim.ship_from else "")
         try:
+            if stop.is_set():
+                raise RuntimeError("stopped before it started")
             shipped = self.fetch(claim) if self.fetch and claim.ship_from else None
             result = self.handlers[job.kind](claim, stop)
             if shipped and isinstance(result, dict):

@@ -38,9 +38,9 @@ class Live:
 
     def worker(self, *args: str) -> subprocess.Popen:
         log = open(self.tmp / f"worker-{len(self.workers)}.log", "wb")  # noqa: SIM115 - the process keeps it
-        proc = subprocess.Popen([sys.executable, "-m", "sprout.runstore.worker", "--url", self.url, "--token-file",
-                                 str(self.tmp / "worker.token"), "--lease", "3", *args], cwd=REPO,
-                                stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen([sys.executable, "-m", "sprout.runstore.worker", "--url", self.url,
+                                 "--token-file", str(self.tmp / "worker.token"), "--lease", "3", *args],
+                                cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                 env={**os.environ, "SPROUT_RUNTIME_BIN": str(RUNTIME_BIN)})
         self.workers.append(proc)
         return proc
@@ -65,9 +65,9 @@ def live(tmp_path) -> Iterator[Live]:
     (tmp_path / "tokens.json").write_text(json.dumps({hash_token(t): s.value for s, t in tokens.items()}))
     (tmp_path / "worker.token").write_text(tokens[Scope.WORKER])
     url = f"http://127.0.0.1:{_free_port()}"
-    api = subprocess.Popen([sys.executable, "-m", "sprout.runstore.api", "--db", str(tmp_path / "rs.db"), "--tokens",
-                            str(tmp_path / "tokens.json"), "--port", url.rsplit(":", 1)[1], "--log-level", "warning"],
-                           cwd=REPO)
+    api = subprocess.Popen([sys.executable, "-m", "sprout.runstore.api", "--db", str(tmp_path / "rs.db"),
+                            "--tokens", str(tmp_path / "tokens.json"), "--port", url.rsplit(":", 1)[1],
+                            "--log-level", "warning"], cwd=REPO)
     deadline = time.monotonic() + 30
     while True:
         assert api.poll() is None and time.monotonic() < deadline, "the API did not start"
@@ -111,7 +111,8 @@ def turns_so_far(journal: Path) -> list:
 
 
 def container_names() -> str:
-    return subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True).stdout
+    listed = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True)
+    return listed.stdout
 
 
 def test_a_killed_worker_leaves_nothing_and_its_job_finishes_elsewhere(live):
@@ -175,3 +176,23 @@ def test_a_draining_worker_stops_its_rollout_before_releasing_it(live):
     done = wait_for(lambda: (job := live.client.get(job_id)).state in ("succeeded", "failed") and job, 120,
                     "another worker to run it")
     assert done.state == "succeeded", done.error
+
+
+def test_a_rollout_finished_by_a_dead_worker_reports_the_host_that_made_it(live):
+    journal = live.tmp / "finished.jsonl"
+    first = live.rollout(journal)
+    live.worker()
+    done = wait_for(lambda: (job := live.client.get(first)).state in ("succeeded", "failed") and job, 120,
+                    "the first run")
+    assert done.state == "succeeded", done.error
+    lines = journal.read_text().splitlines()
+    header = json.loads(lines[0])
+    header["host"] = "the-host-that-made-it"  # as if another host's worker had run it and died unreported
+    journal.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    again = live.rollout(journal)
+    rerun = wait_for(lambda: (job := live.client.get(again)).state in ("succeeded", "failed") and job, 60,
+                     "the rerun")
+    assert rerun.state == "succeeded", rerun.error
+    assert rerun.result["host"] == "the-host-that-made-it"
+    assert rerun.result["checkpoints"] == done.result["checkpoints"]
+    assert len(live.model.requests) == len(read_journal(journal).turns)  # the model was not called again
