@@ -54,8 +54,13 @@ WRITER = "while :; do head -c 65536 /dev/zero >> /root/busy; [ $(stat -c %s /roo
 
 
 def freeze_times(sandbox, n: int) -> list[float]:
-    procs = sandbox._profile()["cgroup_procs"]
-    return [timed(lambda: runtime.freeze(procs) and runtime.thaw(procs)) for _ in range(n)]
+    profile = sandbox._profile()
+
+    def freeze_and_thaw() -> None:
+        with runtime.frozen(profile):
+            pass
+
+    return [timed(freeze_and_thaw) for _ in range(n)]
 
 
 def freeze_rows(sandbox, n: int) -> list[tuple[str, str, str]]:

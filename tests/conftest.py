@@ -2,6 +2,8 @@
 
 import os
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -23,17 +25,29 @@ def base_store() -> Store:
     return Store()
 
 
+@contextmanager
+def removing_what_is_made(store: Store) -> Iterator[Store]:
+    """Yields `store`; afterwards destroys every sandbox and removes every checkpoint made meanwhile."""
+    sandboxes, checkpoints = {s.id for s in store.sandboxes()}, {c.id for c in store.checkpoints()}
+    try:
+        yield store
+    finally:
+        for sandbox in store.sandboxes():
+            if sandbox.id not in sandboxes:
+                sandbox.destroy()
+        for checkpoint in store.checkpoints():
+            if checkpoint.id not in checkpoints:
+                store.remove_checkpoint(checkpoint.id, force=True)
+
+
 @pytest.fixture(params=["runtime", "podman-exec"])
 def store(request, base_store: Store):
     """The store, once with commands through sprout-runtime and once through `podman exec`;
-    every sandbox a test makes is destroyed afterwards."""
+    every sandbox and checkpoint a test makes is removed afterwards."""
     assert RUNTIME_BIN.exists(), "run ops/setup_podman.sh first (it writes runtime/sprout-runtime)"
-    st = Store(base_store.root, runtime_bin=RUNTIME_BIN if request.param == "runtime" else None)
-    before = {s.id for s in st.sandboxes()}
-    yield st
-    for sandbox in st.sandboxes():
-        if sandbox.id not in before:
-            sandbox.destroy()
+    with removing_what_is_made(Store(base_store.root, runtime_bin=RUNTIME_BIN if request.param == "runtime"
+                                     else None)) as st:
+        yield st
 
 
 @pytest.fixture

@@ -121,7 +121,7 @@ def run_via_runtime(runtime_bin: Path, profile: Path, argv: list[str], cwd: str,
     return ExecResult(output, status["exit_code"], time.monotonic() - started, status["timed_out"], truncated)
 
 
-def run_via_podman(container: str, cgroup_procs: list[str], argv: list[str], cwd: str, user: str,
+def run_via_podman(container: str, profile: dict, argv: list[str], cwd: str, user: str,
                    env: dict[str, str], timeout: float | None, max_output: int) -> ExecResult:
     started = time.monotonic()
     cmd = [*PODMAN, "exec", "--workdir", cwd]
@@ -129,7 +129,7 @@ def run_via_podman(container: str, cgroup_procs: list[str], argv: list[str], cwd
         cmd += ["--user", user]
     for key, value in env.items():
         cmd += ["--env", f"{key}={value}"]
-    before = processes(cgroup_procs)
+    before = processes(profile["cgroup_procs"])
     proc = subprocess.Popen([*cmd, container, *argv], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     deadline = None if timeout is None else started + timeout
@@ -137,12 +137,12 @@ def run_via_podman(container: str, cgroup_procs: list[str], argv: list[str], cwd
         reader, timed_out = _drain(proc, max_output, deadline)
         timed_out = timed_out or not _exits_by(proc, deadline)
         if timed_out:
-            kill_new_processes(cgroup_procs, before)
+            kill_new_processes(profile, before)
             if not _exits_by(proc, time.monotonic() + CLIENT_EXIT_S):
                 proc.kill()  # `podman exec` itself hung, e.g. reading a FIFO the agent left as /etc/passwd
         proc.wait()
     except BaseException:
-        kill_new_processes(cgroup_procs, before)
+        kill_new_processes(profile, before)
         proc.kill()
         proc.wait()
         raise

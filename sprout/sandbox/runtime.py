@@ -19,6 +19,7 @@ runtime itself failed. `--status-fd N` also writes a marshalled dict {"exit_code
 
 import _signal as signal  # the enum-free core of `signal`: this runs on every command
 import ctypes
+import fcntl
 import marshal
 import os
 import resource
@@ -169,16 +170,13 @@ def _freezer_files(cgroup_procs: list[str]) -> tuple[str, str, bytes, bytes] | N
     return None
 
 
-def freeze(cgroup_procs: list[str], timeout_s: float = FREEZE_TIMEOUT_S) -> bool:
-    """Freezes every process of the sandbox (the cgroup freezer: they stop between system calls) and
-    waits until all are frozen; False when the sandbox has no freezer or it did not settle in time
-    (then it is thawed again)."""
+def _freeze(cgroup_procs: list[str], timeout_s: float) -> bool:
     files = _freezer_files(cgroup_procs)
     if files is None:
         return False
-    control, state, frozen, _ = files
+    control, state, frozen_value, _ = files
     with open(control, "wb") as f:
-        f.write(frozen)
+        f.write(frozen_value)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with open(state, "rb") as f:
@@ -186,26 +184,50 @@ def freeze(cgroup_procs: list[str], timeout_s: float = FREEZE_TIMEOUT_S) -> bool
         if text.strip() == b"FROZEN" or b"frozen 1" in text:
             return True
         time.sleep(0.0002)
-    thaw(cgroup_procs)
+    _thaw(cgroup_procs)
     return False
 
 
-def thaw(cgroup_procs: list[str]) -> None:
+def _thaw(cgroup_procs: list[str]) -> None:
     files = _freezer_files(cgroup_procs)
     if files is not None:
         with open(files[0], "wb") as f:
             f.write(files[3])
 
 
-def kill_new_processes(cgroup_procs: list[str], before: set[tuple[int, int]]) -> int:
+class frozen:  # noqa: N801 - used like contextlib's lowercase context managers
+    """`with frozen(profile) as ok:` freezes every process of the sandbox (the cgroup freezer: they stop
+    between system calls) and thaws them on exit; `ok` is False when the sandbox has no freezer or it
+    did not settle in time. Freezes of one sandbox are serialized by the profile's lock file (a
+    checkpoint and a command's timeout in another process never thaw each other's freeze)."""
+
+    def __init__(self, profile: dict, timeout_s: float = FREEZE_TIMEOUT_S):
+        self.procs, self.lock, self.timeout_s = profile["cgroup_procs"], profile.get("freeze_lock"), timeout_s
+        self.lock_fd: int | None = None
+        self.ok = False
+
+    def __enter__(self) -> bool:
+        if self.lock:
+            self.lock_fd = os.open(self.lock, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+            fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
+        self.ok = _freeze(self.procs, self.timeout_s)
+        return self.ok
+
+    def __exit__(self, *_exc) -> None:
+        if self.ok:
+            _thaw(self.procs)
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)
+
+
+def kill_new_processes(profile: dict, before: set[tuple[int, int]]) -> int:
     """SIGKILLs every process of the sandbox that is not in `before` (what ran before a command began):
     the command's whole tree, whatever it did to escape it (setsid, double fork, a cleared environment).
     The sandbox is frozen meanwhile, so nothing forks between the scan and the kill."""
-    frozen = freeze(cgroup_procs)
     killed: set[tuple[int, int]] = set()
-    try:
+    with frozen(profile):
         for _ in range(KILL_ROUNDS):  # without a freezer, a process may fork while we scan
-            new = processes(cgroup_procs) - before - killed
+            new = processes(profile["cgroup_procs"]) - before - killed
             if not new:
                 break
             for pid, _start in new:
@@ -214,9 +236,6 @@ def kill_new_processes(cgroup_procs: list[str], before: set[tuple[int, int]]) ->
                 except ProcessLookupError:
                     pass
             killed |= new
-    finally:
-        if frozen:
-            thaw(cgroup_procs)
     return len(killed)
 
 
@@ -259,7 +278,7 @@ def run(profile: dict, cwd: str, extra_env: dict, argv: list[str], timeout: floa
         os.close(fd)
 
     def on_signal(signum, _frame):
-        kill_new_processes(profile["cgroup_procs"], before)
+        kill_new_processes(profile, before)
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -269,7 +288,7 @@ def run(profile: dict, cwd: str, extra_env: dict, argv: list[str], timeout: floa
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
     timed_out = not poller.poll(None if timeout is None else max(timeout, 0) * 1000)
-    killed = kill_new_processes(profile["cgroup_procs"], before) if timed_out else 0
+    killed = kill_new_processes(profile, before) if timed_out else 0
     _, status = os.waitpid(child, 0)
     setup_error = os.read(err_r, 65536).decode(errors="replace")
     code = os.waitstatus_to_exitcode(status)

@@ -152,7 +152,7 @@ class Sandbox:
             identity = users.resolve(self.path, user) if user is not None else None
             return execution.run_via_runtime(self.store.runtime_bin, self.profile_path, argv, cwd, env,
                                              timeout, max_output, identity)
-        return execution.run_via_podman(self.container, profile["cgroup_procs"], argv, cwd,
+        return execution.run_via_podman(self.container, profile, argv, cwd,
                                         str(user) if user is not None else config.user, env, timeout, max_output)
 
     def processes(self) -> set[tuple[int, int]]:
@@ -163,7 +163,7 @@ class Sandbox:
     def kill_processes_since(self, before: set[tuple[int, int]]) -> int:
         """SIGKILLs every process the sandbox started since `before` was taken (see processes())."""
         profile = self._profile()
-        return runtime.kill_new_processes(profile["cgroup_procs"], before) if profile else 0
+        return runtime.kill_new_processes(profile, before) if profile else 0
 
     def checkpoint(self, label: str | None = None) -> Checkpoint:
         """A point-in-time, read-only snapshot of the sandbox's filesystem: its processes are frozen
@@ -183,14 +183,15 @@ class Sandbox:
 
     def _snapshot_frozen(self, dest: Path) -> None:
         profile = self._profile()
-        if profile is not None and not runtime.freeze(profile["cgroup_procs"]):
-            raise SandboxStateError(f"cannot checkpoint {self.id}: its processes did not freeze in time")
-        try:
+        if profile is None:  # stopped: nothing runs that could write
             btrfs.flush(self.path)
             btrfs.snapshot(self.path, dest, readonly=True)
-        finally:
-            if profile is not None:
-                runtime.thaw(profile["cgroup_procs"])
+            return
+        with runtime.frozen(profile) as ok:
+            if not ok:
+                raise SandboxStateError(f"cannot checkpoint {self.id}: its processes did not freeze in time")
+            btrfs.flush(self.path)
+            btrfs.snapshot(self.path, dest, readonly=True)
 
     def start(self) -> None:
         """(Re)starts the sandbox's container on its subvolume, e.g. after a host restart."""
@@ -332,7 +333,8 @@ class Store:
             labels={LABEL: sandbox.id, STORE_LABEL: str(self.root)})
         container_id = podman.run_container(spec)
         sandbox.profile_path.parent.mkdir(parents=True, exist_ok=True)
-        confinement.write(confinement.capture(container_id), sandbox.profile_path)
+        lock = sandbox.profile_path.parent / "freeze.lock"  # serializes freezes (runtime.frozen)
+        confinement.write(confinement.capture(container_id) | {"freeze_lock": str(lock)}, sandbox.profile_path)
 
     def sandbox(self, sandbox_id: str) -> Sandbox:
         row = self.meta.one("SELECT * FROM sandboxes WHERE id = ?", sandbox_id)

@@ -22,7 +22,7 @@ from sprout.runstore.auth import Scope, hash_token, new_token
 from sprout.runstore.client import RunStoreClient
 from sprout.sandbox import Store
 from sprout.testing.scripted_model import ScriptedModelServer
-from tests.conftest import REPO, RUNTIME_BIN
+from tests.conftest import REPO, RUNTIME_BIN, removing_what_is_made
 
 TURN = {"thought": "work", "command": "sleep 0.3; echo turn >> /root/turns", "delay_s": 0.2}
 SUBMIT = {"thought": "done", "command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}
@@ -76,9 +76,8 @@ def live(tmp_path) -> Iterator[Live]:
                 break
         except httpx.HTTPError:
             time.sleep(0.1)
-    store = Store(runtime_bin=RUNTIME_BIN)
-    before = {s.id for s in store.sandboxes()}, {c.id for c in store.checkpoints()}
-    with ScriptedModelServer([TURN] * 12 + [SUBMIT]) as model:
+    with removing_what_is_made(Store(runtime_bin=RUNTIME_BIN)), \
+            ScriptedModelServer([TURN] * 12 + [SUBMIT]) as model:
         live = Live(url, RunStoreClient(url, tokens[Scope.SUBMITTER]), tmp_path, model, [])
         try:
             yield live
@@ -86,12 +85,6 @@ def live(tmp_path) -> Iterator[Live]:
             for proc in [*live.workers, api]:
                 proc.kill()
                 proc.wait()
-            for sandbox in store.sandboxes():
-                if sandbox.id not in before[0]:
-                    sandbox.destroy()
-            for checkpoint in store.checkpoints():
-                if checkpoint.id not in before[1]:
-                    store.remove_checkpoint(checkpoint.id, force=True)
 
 
 def wait_for(condition, timeout_s: float = 60, what: str = "condition"):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sprout.sandbox import SandboxStateError, Store, btrfs
-from tests.conftest import PYTHON_IMAGE, RUNTIME_BIN
+from tests.conftest import PYTHON_IMAGE, RUNTIME_BIN, removing_what_is_made
 
 SUBVOL_CREATE = 0x5000940E  # BTRFS_IOC_SUBVOL_CREATE: a default container (no CAP_SYS_ADMIN) may call it
 
@@ -27,15 +27,8 @@ MAKE_SUBVOLUME = textwrap.dedent("""\
 @pytest.fixture
 def rt_store(base_store: Store):
     """Commands through sprout-runtime; every sandbox and checkpoint a test makes is removed afterwards."""
-    st = Store(base_store.root, runtime_bin=RUNTIME_BIN)
-    sandboxes, checkpoints = {s.id for s in st.sandboxes()}, {c.id for c in st.checkpoints()}
-    yield st
-    for sandbox in st.sandboxes():
-        if sandbox.id not in sandboxes:
-            sandbox.destroy()
-    for checkpoint in st.checkpoints():
-        if checkpoint.id not in checkpoints:
-            st.remove_checkpoint(checkpoint.id, force=True)
+    with removing_what_is_made(Store(base_store.root, runtime_bin=RUNTIME_BIN)) as st:
+        yield st
 
 
 def run_python(sandbox, code: str, timeout: float = 120):
@@ -87,7 +80,8 @@ def test_a_thousand_nested_subvolumes_are_deleted_without_recursion(rt_store):
     finally:
         sys.setrecursionlimit(before)
     assert not attacker.path.exists()
-    listed = subprocess.run(["btrfs", "subvolume", "list", str(rt_store.root)], capture_output=True, text=True)
+    listed = subprocess.run(["btrfs", "subvolume", "list", str(rt_store.root)], capture_output=True,
+                            text=True)
     assert attacker.id not in listed.stdout
 
 
