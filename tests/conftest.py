@@ -1,7 +1,9 @@
 """Shared fixtures: a real btrfs store and real podman (set up by ops/setup_podman.sh)."""
 
 import os
+import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -10,6 +12,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from pathlib import Path
 
+import httpx
 import pytest
 
 from sprout.sandbox import Store
@@ -64,3 +67,22 @@ def other_store(tmp_path):
         sandbox.destroy()
     store.meta.close()
     subprocess.run(["umount", str(mount)], check=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, process: subprocess.Popen, timeout_s: float = 30) -> None:
+    """Waits until the API process at `url` answers /health."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert process.poll() is None and time.monotonic() < deadline, "the API did not start"
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)

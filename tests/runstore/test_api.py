@@ -38,6 +38,7 @@ from sprout.runstore.api import create_app
 from sprout.runstore.auth import Scope, hash_token, new_token
 from sprout.runstore.client import RunStoreClient
 from sprout.runstore.store import RunStore
+from tests.conftest import free_port
 
 GATE = {"task_dir": "tasks/t1"}
 ROOT = Path(__file__).resolve().parents[2]
@@ -235,12 +236,6 @@ def test_events_long_poll_and_stream(api: LiveApi) -> None:
     resumed = sub.stream_events("g", after_seq=events[0].seq)  # resumes via Last-Event-ID
     assert next(resumed) == events[1]
     resumed.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(db_url: str, tokens_file: Path, port: int, *extra: str) -> subprocess.Popen[bytes]:

@@ -5,7 +5,6 @@ that record every request: review jobs make one model call each, with no sandbox
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from sprout.runstore.auth import Scope, hash_token, new_token
 from sprout.runstore.client import RunStoreClient
 from sprout.runstore.errors import InvalidPayload
 from sprout.testing.scripted_model import ScriptedModelServer
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port, wait_healthy
 
 KEY_ENV = "SPROUT_ENDPOINT_TEST_KEY"
 SECRET = "sk-worker-secret-do-not-leak"
@@ -41,31 +40,13 @@ class Live:
     worker_log: Path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(url: str, process: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 30
-    while True:
-        assert process.poll() is None and time.monotonic() < deadline, "the API did not start"
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-
-
 @pytest.fixture(scope="module")
 def live(tmp_path_factory) -> Iterator[Live]:
     tmp = tmp_path_factory.mktemp("endpoints")
     tokens = {scope: new_token() for scope in Scope}
     (tmp / "tokens.json").write_text(json.dumps({hash_token(t): s.value for s, t in tokens.items()}))
     (tmp / "worker.token").write_text(tokens[Scope.WORKER])
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     processes: list[subprocess.Popen] = []
     with ScriptedModelServer(ANSWER, api_key=SECRET) as keyed, ScriptedModelServer(ANSWER) as plain:
         try:
@@ -74,7 +55,7 @@ def live(tmp_path_factory) -> Iterator[Live]:
                 [sys.executable, "-m", "sprout.runstore.api", "--db", str(tmp / "rs.db"), "--tokens",
                  str(tmp / "tokens.json"), "--port", url.rsplit(":", 1)[1], "--endpoints", "default,gpu",
                  "--log-level", "warning"], cwd=REPO))
-            _wait_healthy(url, processes[0])
+            wait_healthy(url, processes[0])
             endpoints = json.dumps({"default": {"url": keyed.base_url, "key_env": KEY_ENV}})
             env = {**os.environ, "SPROUT_ENDPOINTS": endpoints, KEY_ENV: SECRET, BAIT_ENV: BAIT,
                    "OPENAI_API_KEY": BAIT, "SPROUT_MODEL_KEY_ENV": BAIT_ENV}

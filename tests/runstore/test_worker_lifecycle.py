@@ -6,7 +6,6 @@ are slow enough to act in the middle of a rollout."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,7 +13,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
 from sprout.agent.journal import read_journal
@@ -22,7 +20,7 @@ from sprout.runstore.auth import Scope, hash_token, new_token
 from sprout.runstore.client import RunStoreClient
 from sprout.sandbox import Store
 from sprout.testing.scripted_model import ScriptedModelServer
-from tests.conftest import REPO, RUNTIME_BIN, removing_what_is_made
+from tests.conftest import REPO, RUNTIME_BIN, free_port, removing_what_is_made, wait_healthy
 
 TURN = {"thought": "work", "command": "sleep 0.3; echo turn >> /root/turns", "delay_s": 0.2}
 SUBMIT = {"thought": "done", "command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}
@@ -53,29 +51,16 @@ class Live:
             "endpoint": {"url": self.model.base_url}, "journal": str(journal), "step_limit": 100}}).id
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def live(tmp_path) -> Iterator[Live]:
     tokens = {scope: new_token() for scope in Scope}
     (tmp_path / "tokens.json").write_text(json.dumps({hash_token(t): s.value for s, t in tokens.items()}))
     (tmp_path / "worker.token").write_text(tokens[Scope.WORKER])
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     api = subprocess.Popen([sys.executable, "-m", "sprout.runstore.api", "--db", str(tmp_path / "rs.db"),
                             "--tokens", str(tmp_path / "tokens.json"), "--port", url.rsplit(":", 1)[1],
                             "--log-level", "warning"], cwd=REPO)
-    deadline = time.monotonic() + 30
-    while True:
-        assert api.poll() is None and time.monotonic() < deadline, "the API did not start"
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
+    wait_healthy(url, api)
     with removing_what_is_made(Store(runtime_bin=RUNTIME_BIN)), \
             ScriptedModelServer([TURN] * 12 + [SUBMIT]) as model:
         live = Live(url, RunStoreClient(url, tokens[Scope.SUBMITTER]), tmp_path, model, [])

@@ -2,7 +2,6 @@
 
 import json
 import os
-import socket
 import stat
 import subprocess
 import sys
@@ -19,13 +18,7 @@ from sprout.sandbox import Store
 from sprout.services import supervisor
 from sprout.services.config import load
 from sprout.testing.scripted_model import ScriptedModelServer
-from tests.conftest import REPO
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.conftest import REPO, free_port
 
 
 def services(config_dir: Path, *args: str, stdin: str | None = None, env: dict | None = None):
