@@ -227,7 +227,8 @@ def run_rollout(spec: RolloutSpec, store: Store, on_event: Callable[[TurnEvent],
         writer.write(header)
 
     agent = JournalingAgent(model, env, on_start=on_start, on_turn=on_turn, token_limit=spec.token_limit,
-                            stop=stop, step_limit=spec.step_limit, cost_limit=0, wall_time_limit_seconds=spec.wall_time_s,
+                            stop=stop, step_limit=spec.step_limit, cost_limit=0,
+                            wall_time_limit_seconds=spec.wall_time_s,
                             **agent_config)
     header = Header(task=spec.task, model=spec.model, model_class=spec.model_class,
                     endpoint_host=spec.endpoint.host, image=spec.image, image_key=sandbox.image_key, cwd=spec.cwd,
