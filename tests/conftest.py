@@ -86,3 +86,14 @@ def wait_healthy(url: str, process: subprocess.Popen, timeout_s: float = 30) -> 
         except httpx.HTTPError:
             pass
         time.sleep(0.1)
+
+
+def turns_so_far(journal: Path) -> list:
+    """The turns a running rollout has journaled (none while the journal is missing, empty or headless)."""
+    from sprout.agent.journal import read_journal
+    from sprout.sandbox.errors import SproutError
+
+    try:
+        return read_journal(journal).turns
+    except SproutError:
+        return []

@@ -20,7 +20,7 @@ from sprout.runstore.auth import Scope, hash_token, new_token
 from sprout.runstore.client import RunStoreClient
 from sprout.sandbox import Store
 from sprout.testing.scripted_model import ScriptedModelServer
-from tests.conftest import REPO, RUNTIME_BIN, free_port, removing_what_is_made, wait_healthy
+from tests.conftest import REPO, RUNTIME_BIN, free_port, removing_what_is_made, turns_so_far, wait_healthy
 
 TURN = {"thought": "work", "command": "sleep 0.3; echo turn >> /root/turns", "delay_s": 0.2}
 SUBMIT = {"thought": "done", "command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}
@@ -79,13 +79,6 @@ def wait_for(condition, timeout_s: float = 60, what: str = "condition"):
             return value
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-def turns_so_far(journal: Path) -> list:
-    try:
-        return read_journal(journal).turns
-    except Exception:  # noqa: BLE001 - not written yet
-        return []
 
 
 def container_names() -> str:

@@ -18,7 +18,7 @@ from sprout.sandbox import Store
 from sprout.services import supervisor
 from sprout.services.config import load
 from sprout.testing.scripted_model import ScriptedModelServer
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO, free_port, turns_so_far
 
 
 def services(config_dir: Path, *args: str, stdin: str | None = None, env: dict | None = None):
@@ -181,7 +181,7 @@ def test_down_mid_rollout_stops_the_job_and_releases_it(tmp_path):
             job = client.submit("rollout", {"task": "work", "model": "scripted", "options": {
                 "endpoint": {"url": model.base_url}, "journal": str(journal), "step_limit": 100}})
             deadline = time.monotonic() + 60
-            while not (journal.exists() and read_journal(journal).turns):
+            while not turns_so_far(journal):
                 assert time.monotonic() < deadline, "no turn in 60 s"
                 time.sleep(0.2)
             sandbox_id = read_journal(journal).header.sandbox
