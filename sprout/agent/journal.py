@@ -70,6 +70,7 @@ class Header(BaseModel):
     first_turn: int = 1
     n_calls: int = 0
     messages: list[dict[str, Any]]
+    sampling: dict[str, Any] | None = None  # the sampling settings of every model call (None: the server's)
 
 
 class Turn(BaseModel):

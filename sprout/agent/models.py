@@ -2,7 +2,10 @@
 
 import os
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..sandbox.errors import SproutError
 
@@ -46,6 +49,29 @@ class Endpoint:
         return cls(url.rstrip("/"), key_env)
 
 
+class SamplingParams(BaseModel):
+    """Sampling settings sent with every model call of a rollout (unset: the server's defaults).
+
+    `top_k` and `extra_body` go in the request body as they are (litellm would drop a top_k it does not
+    know for OpenAI-compatible servers; SGLang and vLLM read it from the body): -1 means off there."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stop: list[str] | None = None
+    max_tokens: int | None = Field(None, ge=1)  # the completion token limit of each call
+    extra_body: dict[str, Any] = {}
+
+    def litellm_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {k: v for k, v in self.model_dump(include={"temperature", "top_p", "stop",
+                                                                             "max_tokens"}).items()
+                                  if v is not None}
+        body = self.extra_body | ({"top_k": self.top_k} if self.top_k is not None else {})
+        return kwargs | ({"extra_body": body} if body else {})
+
+
 def mswea_config(model_class: str) -> dict:
     from minisweagent.config import get_config_from_spec
 
@@ -54,8 +80,10 @@ def mswea_config(model_class: str) -> dict:
     return get_config_from_spec(MODEL_CLASSES[model_class][0])
 
 
-def make_model(name: str, endpoint: Endpoint, model_class: str = "tools", config: dict | None = None):
-    """LitellmModel (tools) or LitellmTextbasedModel (text) for `name` served at `endpoint`.
+def make_model(name: str, endpoint: Endpoint, model_class: str = "tools", config: dict | None = None,
+               sampling: SamplingParams | None = None):
+    """LitellmModel (tools) or LitellmTextbasedModel (text) for `name` served at `endpoint`, every call
+    made with `sampling`.
 
     Cost tracking ignores unpriced models (cost stays 0; Sprout limits tokens instead); retries with
     exponential backoff on 429/5xx/timeouts are mini-swe-agent's own (MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT)."""
@@ -68,7 +96,7 @@ def make_model(name: str, endpoint: Endpoint, model_class: str = "tools", config
         "model_name": name if name.startswith("openai/") else f"openai/{name}",
         "model_class": MODEL_CLASSES[model_class][1],
         "cost_tracking": "ignore_errors",
-        "model_kwargs": {**model_config.get("model_kwargs", {}), "api_base": endpoint.url,
-                         "api_key": endpoint.key or "none"},
+        "model_kwargs": {**model_config.get("model_kwargs", {}), **(sampling.litellm_kwargs() if sampling else {}),
+                         "api_base": endpoint.url, "api_key": endpoint.key or "none"},
     }
     return get_model(config=model_config)

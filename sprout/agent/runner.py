@@ -20,7 +20,7 @@ from ..sandbox import Sandbox, Store
 from ..sandbox.errors import CheckpointNotFound, SproutError
 from .environment import SandboxEnvironment
 from .journal import OBSERVATION_CAP, Header, JournalWriter, Limits, Outcome, ParentRef, Turn, read_journal
-from .models import Endpoint, make_model, mswea_config
+from .models import Endpoint, SamplingParams, make_model, mswea_config
 
 
 @dataclass
@@ -37,6 +37,7 @@ class RolloutSpec:
     wall_time_s: int = 3600
     command_timeout_s: int = 120
     keep_sandbox: bool = False
+    sampling: SamplingParams | None = None  # sent with every model call
     # branching
     from_journal: Path | None = None
     from_turn: int | None = None
@@ -156,7 +157,7 @@ def run_rollout(spec: RolloutSpec, store: Store, on_event: Callable[[TurnEvent],
     outcome is journaled, before the sandbox goes (live grading). When `stop` is set the rollout ends
     before its next model call with RolloutCancelled, its journal left without an outcome."""
     config = mswea_config(spec.model_class)
-    model = make_model(spec.model, spec.endpoint, spec.model_class, config)
+    model = make_model(spec.model, spec.endpoint, spec.model_class, config, spec.sampling)
     prefix, n_calls, first_turn, parent = None, 0, 1, None
     parent_journal = read_journal(spec.from_journal) if spec.from_journal is not None else None
     if spec.journal.exists():  # checked before a sandbox is made; JournalWriter checks again atomically
@@ -236,7 +237,8 @@ def run_rollout(spec: RolloutSpec, store: Store, on_event: Callable[[TurnEvent],
                     limits=Limits(step_limit=spec.step_limit, token_limit=spec.token_limit,
                                   wall_time_s=spec.wall_time_s, command_timeout_s=spec.command_timeout_s),
                     store=str(store.root), sandbox=sandbox.id, parent=parent, first_turn=first_turn,
-                    n_calls=n_calls, messages=prefix or [])
+                    n_calls=n_calls, messages=prefix or [],
+                    sampling=spec.sampling.model_dump(exclude_defaults=True) if spec.sampling else None)
     if prefix is not None:
         agent.resume_with(prefix, n_calls)
     try:

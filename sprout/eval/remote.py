@@ -52,14 +52,26 @@ def configured_client():
 def run_job(client, kind: str, payload: dict[str, Any], *, group_id: str, poll_s: float = 0.5,
             timeout_s: float | None = None, on_poll: Callable[[], None] | None = None,
             stop: threading.Event | None = None, **opts: Any) -> Any:
-    """Submits one job (`opts`: JobSpec fields such as host) and waits for its result; a failed or
-    cancelled job raises SproutError. Interrupted while waiting, or once `stop` is set (then raising
-    RolloutCancelled), it cancels the job: the worker's next heartbeat stops its handler."""
-    stop = stop or threading.Event()
+    """Submits one job (`opts`: JobSpec fields such as host) and waits for its result (wait_job)."""
+    return wait_job(client, submit_job(client, kind, payload, group_id=group_id, **opts), poll_s=poll_s,
+                    timeout_s=timeout_s, on_poll=on_poll, stop=stop)
+
+
+def submit_job(client, kind: str, payload: dict[str, Any], *, group_id: str, **opts: Any):
+    """Submits one job; a refusal (an invalid payload, an unknown endpoint) is one SproutError."""
     try:
-        job = client.submit(kind, payload, group_id=group_id, **opts)
+        return client.submit(kind, payload, group_id=group_id, **opts)
     except RunStoreError as e:
         raise SproutError(f"the Run Store at {client.url} refused a {kind} job: {e}") from None
+
+
+def wait_job(client, job, *, poll_s: float = 0.5, timeout_s: float | None = None,
+             on_poll: Callable[[], None] | None = None, stop: threading.Event | None = None) -> Any:
+    """Waits for a submitted job's result; a failed or cancelled job raises SproutError. Interrupted
+    while waiting, or once `stop` is set (then raising RolloutCancelled), it cancels the job: the worker's
+    next heartbeat stops its handler."""
+    stop = stop or threading.Event()
+    kind = job.kind
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
         while job.state not in TERMINAL:
@@ -87,6 +99,31 @@ def run_job(client, kind: str, payload: dict[str, Any], *, group_id: str, poll_s
     return job.result
 
 
+def rollout_payload(request: RolloutRequest, task_dir: Path, *, deadline_unix: float | None = None) -> dict[str, Any]:
+    """The rollout job (sprout.runstore.kinds.RolloutPayload) that runs `request` on a worker: a fresh
+    start in the task's sandbox, or a branch; graded live when the request has a trial directory."""
+    spec = request.spec
+    options: dict[str, Any] = {
+        "endpoint": endpoint_ref(spec.endpoint), "journal": str(spec.journal.resolve()),
+        "cwd": spec.cwd, "model_class": spec.model_class, "step_limit": spec.step_limit,
+        "token_limit": spec.token_limit, "wall_time_s": spec.wall_time_s,
+        "command_timeout_s": spec.command_timeout_s, "label": request.attempt, "task_dir": str(task_dir.resolve()),
+        "sampling": spec.sampling.model_dump(mode="json") if spec.sampling else None,
+        "deadline_unix": deadline_unix}
+    if spec.from_journal is not None:
+        options["from_journal"] = str(spec.from_journal.resolve())
+    if request.trial_dir is not None:
+        options["grade_trial_dir"] = str(request.trial_dir.resolve())
+    return {"task": spec.task, "image": spec.image, "model": spec.model, "from_checkpoint": request.checkpoint,
+            "turn": spec.from_turn, "note": spec.note, "options": options}
+
+
+def rollout_done(result: dict[str, Any]) -> RolloutDone:
+    """A rollout job's result as the method's record."""
+    grade = GradeResult.model_validate(result["grade"]) if result.get("grade") else None
+    return RolloutDone(Outcome.model_validate(result["outcome"]), result["host"], grade)
+
+
 class RunStoreBackend:
     """The method's rollouts, grades and reviews as Run Store jobs (sprout.runstore.handlers runs them)."""
 
@@ -99,26 +136,13 @@ class RunStoreBackend:
 
     def rollout(self, request: RolloutRequest, on_turn: Callable[[TurnEvent], None] | None,
                 stop: threading.Event | None = None) -> RolloutDone:
-        spec = request.spec
-        journal = spec.journal.resolve()
-        options: dict[str, Any] = {
-            "endpoint": endpoint_ref(spec.endpoint), "journal": str(journal),
-            "cwd": spec.cwd, "model_class": spec.model_class, "step_limit": spec.step_limit,
-            "token_limit": spec.token_limit, "wall_time_s": spec.wall_time_s,
-            "command_timeout_s": spec.command_timeout_s, "label": request.attempt, "task_dir": str(self.task_dir)}
-        if spec.from_journal is not None:
-            options["from_journal"] = str(spec.from_journal.resolve())
-        if request.trial_dir is not None:
-            options["grade_trial_dir"] = str(request.trial_dir.resolve())
-        payload = {"task": spec.task, "image": spec.image, "model": spec.model, "from_checkpoint": request.checkpoint,
-                   "turn": spec.from_turn, "note": spec.note, "options": options}
+        journal = request.spec.journal.resolve()
         follow = _TurnFollower(journal, on_turn) if on_turn else None
-        result = run_job(self.client, "rollout", payload, group_id=self.group_id, on_poll=follow, stop=stop,
-                         **self._affinity(request.host))
+        result = run_job(self.client, "rollout", rollout_payload(request, self.task_dir), group_id=self.group_id,
+                         on_poll=follow, stop=stop, **self._affinity(request.host))
         if follow is not None:
             follow()
-        grade = GradeResult.model_validate(result["grade"]) if result.get("grade") else None
-        return RolloutDone(Outcome.model_validate(result["outcome"]), result["host"], grade)
+        return rollout_done(result)
 
     def grade(self, checkpoint: str, host: str | None, trial_dir: Path) -> GradeResult:
         payload = {"checkpoint_id": checkpoint, "task_dir": str(self.task_dir), "trial_dir": str(trial_dir.resolve())}

@@ -35,7 +35,7 @@ def rollout(claim: Claim, stop: threading.Event) -> dict[str, Any]:
     (a name configured on this worker, or a plain URL called with no key), journal, cwd, from_journal,
     task_dir (a fresh start is made in the task's sandbox, as Harbor starts it), grade_trial_dir (grade
     the attempt live in its own sandbox at its end, here; the result then has "grade"), label,
-    step_limit, token_limit, wall_time_s, command_timeout_s, model_class."""
+    step_limit, token_limit, wall_time_s or deadline_unix, command_timeout_s, model_class, sampling."""
     from ..agent.journal import read_journal
     from ..agent.runner import RolloutCancelled, RolloutSpec, run_rollout
     from ..method.backend import LiveGrader
@@ -44,30 +44,28 @@ def rollout(claim: Claim, stop: threading.Event) -> dict[str, Any]:
     from .kinds import RolloutOptions
 
     payload = claim.job.payload
-    options = RolloutOptions.model_validate(payload.get("options", {})).model_dump(exclude_none=True)
-    journal = Path(options["journal"])
+    options = RolloutOptions.model_validate(payload.get("options", {}))
+    journal = Path(options.journal)
     store = store_from_env(claim)
+    task = load_task(Path(options.task_dir)) if options.task_dir else None
     if journal.exists():
         previous = read_journal(journal)
         if previous.outcome is not None:  # finished by a worker that died before reporting it
-            checkpoints = [t.checkpoint for t in previous.turns if t.checkpoint]
-            store.adopt(checkpoints)
-            host = previous.header.host or _host(claim)
-            return _rollout_result(previous.outcome, journal, checkpoints, host)
+            return _finished_rollout(store, previous, options, task, _host(claim))
         discard(store, journal)  # a dead worker's half attempt: its sandbox and checkpoints go with it
-    endpoint = _endpoint(options["endpoint"])
-    spec = RolloutSpec(task=payload["task"], model=payload["model"], endpoint=endpoint, journal=journal,
-                       image=payload.get("image") or DEFAULT_IMAGE, cwd=options.get("cwd", "/tmp"),
-                       from_journal=Path(options["from_journal"]) if options.get("from_journal") else None,
-                       from_turn=payload.get("turn"), note=payload.get("note"),
-                       **{k: options[k] for k in ("model_class", "step_limit", "token_limit", "wall_time_s",
-                                                  "command_timeout_s") if k in options})
+    limits = {k: v for k, v in options.model_dump(include={"model_class", "step_limit", "token_limit",
+                                                          "wall_time_s", "command_timeout_s"}).items() if v is not None}
+    if options.deadline_unix is not None:
+        limits["wall_time_s"] = _seconds_until(options.deadline_unix)
+    spec = RolloutSpec(task=payload["task"], model=payload["model"], endpoint=_endpoint(options.endpoint),
+                       journal=journal, image=payload.get("image") or DEFAULT_IMAGE, cwd=options.cwd,
+                       from_journal=Path(options.from_journal) if options.from_journal else None,
+                       from_turn=payload.get("turn"), note=payload.get("note"), sampling=options.sampling, **limits)
     sandbox, grader = None, None
-    task = load_task(Path(options["task_dir"])) if options.get("task_dir") else None
     if spec.from_journal is None and task is not None:
-        sandbox = start_task_sandbox(store, task, options.get("label") or f"job-{claim.job.id}")
-    if task is not None and options.get("grade_trial_dir"):
-        grader = LiveGrader(store, task, Path(options["grade_trial_dir"]))
+        sandbox = start_task_sandbox(store, task, options.label or f"job-{claim.job.id}")
+    if task is not None and options.grade_trial_dir:
+        grader = LiveGrader(store, task, Path(options.grade_trial_dir))
     try:
         result = run_rollout(spec, store, sandbox=sandbox, stop=stop, on_finish=grader)
     except RolloutCancelled:
@@ -77,6 +75,33 @@ def rollout(claim: Claim, stop: threading.Event) -> dict[str, Any]:
     done = _rollout_result(result.outcome, journal, result.checkpoints, _host(claim))
     if grader is not None and grader.result is not None:
         done["grade"] = grader.result.model_dump(mode="json")
+    return done
+
+
+def _seconds_until(deadline_unix: float) -> int:
+    import math
+    import time
+
+    from ..sandbox.errors import SproutError
+
+    left = deadline_unix - time.time()
+    if left < 1:
+        raise SproutError("the rollout's deadline passed before it started")
+    return math.ceil(left)
+
+
+def _finished_rollout(store, previous, options, task, host: str) -> dict[str, Any]:
+    """The result of a rollout a dead worker finished but did not report; asked for a grade, its final
+    checkpoint is graded in a branch (the live sandbox is gone)."""
+    from ..tasks import grade as grade_checkpoint
+
+    checkpoints = [t.checkpoint for t in previous.turns if t.checkpoint]
+    store.adopt(checkpoints)
+    done = _rollout_result(previous.outcome, Path(options.journal), checkpoints, previous.header.host or host)
+    final = previous.outcome.final_checkpoint
+    if task is not None and options.grade_trial_dir and final in checkpoints:
+        result = grade_checkpoint(store, store.checkpoint(final), task, trial_dir=Path(options.grade_trial_dir))
+        done["grade"] = result.model_dump(mode="json")
     return done
 
 

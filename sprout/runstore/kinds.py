@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..agent.models import SamplingParams
 from .endpoints import EndpointRef
 from .errors import InvalidPayload, UnknownKind
 
@@ -37,6 +38,8 @@ class RolloutOptions(Payload):
     token_limit: int | None = Field(None, ge=1)
     wall_time_s: int | None = Field(None, ge=1)
     command_timeout_s: int | None = Field(None, ge=1)
+    sampling: SamplingParams | None = None  # sent with every model call
+    deadline_unix: float | None = None  # the agent's wall time ends then (not wall_time_s after it starts)
 
 
 class RolloutPayload(Payload):

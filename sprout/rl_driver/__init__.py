@@ -1,0 +1,1 @@
+"""Sprout's RL driver: Miles rollout groups over /rollout-groups."""

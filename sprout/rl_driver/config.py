@@ -1,0 +1,112 @@
+"""The driver's configuration: where tasks are, who may call it, where groups are kept, where samples run.
+
+A JSON file (`serve --config FILE`, written by `python -m sprout.services setup`) with the keys of the
+contract's driver config that apply to Harbor tasks; command-line flags override it:
+
+    {"driver_token_env": "SPROUT_RL_DRIVER_TOKEN", "ledger": "/srv/rl/driver.sqlite3",
+     "data_dir": "/srv/rl", "tasks_dir": "/srv/tasks", "local_slots": 4,
+     "miles": {"api_key_env": "SPROUT_MODEL_API_KEY",
+               "tasks": {"task-1": {"task_dir": "/srv/other/task-1", "grade": {"profile": "harbor"}}}}}
+
+Every task in `tasks_dir` (its directory name is the task_id) is graded by its own Harbor verifier; a
+`miles.tasks` entry names a task elsewhere and must say how it is graded.
+"""
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..sandbox.errors import SproutError
+from ..tasks.pull import PullPolicy
+
+DEFAULT_PORT = 11001
+DEFAULT_DATA_DIR = Path("~/.local/share/sprout/rl-driver")
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GradeConfig(_Config):
+    profile: Literal["harbor"] = "harbor"  # the task's own Harbor verifier, live in the sample's sandbox
+
+
+class TaskEntry(_Config):
+    task_dir: Path
+    grade: GradeConfig | None = None  # required to serve the task: how its samples are rewarded
+
+
+class MilesSection(_Config):
+    api_key_env: str | None = None  # the variable whose value is sent as the policy's key (never echoed)
+    tasks: dict[str, TaskEntry] = {}
+
+
+class DriverConfig(_Config):
+    host: str = "127.0.0.1"
+    port: int = Field(DEFAULT_PORT, ge=1, le=65535)
+    driver_token_env: str | None = "SPROUT_RL_DRIVER_TOKEN"  # set and non-empty: callers need this bearer token
+    ledger: str | None = None  # a SQLite file, or a SQLAlchemy URL (the Run Store's PostgreSQL); default in data_dir
+    data_dir: Path = DEFAULT_DATA_DIR  # journals and verifier files of every sample
+    tasks_dir: Path | None = None
+    local_slots: int = Field(4, ge=1)  # samples run at once in this process (without a Run Store)
+    runstore_url: str | None = None  # default $SPROUT_RUNSTORE_URL; with a token, samples run as Run Store jobs
+    runstore_token_env: str = "SPROUT_RUNSTORE_TOKEN"
+    poll_interval_s: float = Field(1.0, gt=0)  # how often Run Store jobs are checked
+    runtime_bin: Path | None = None  # the confined runtime's binary (default $SPROUT_RUNTIME_BIN)
+    pull: PullPolicy | None = None
+    command_timeout_s: int = Field(120, ge=1)
+    token_limit: int = Field(2_000_000, ge=1)  # tokens per sample, all calls together
+    max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    keep_checkpoints: bool = False  # keep a DELETEd group's checkpoints (default: released, as evaluation does)
+    miles: MilesSection = MilesSection()
+
+    @property
+    def ledger_url(self) -> str:
+        ledger = self.ledger or str(self.data_path / "driver.sqlite3")
+        return ledger if "://" in ledger else f"sqlite:///{Path(ledger).expanduser().resolve()}"
+
+    @property
+    def data_path(self) -> Path:
+        return self.data_dir.expanduser().resolve()
+
+    def driver_token(self) -> str:
+        return os.environ.get(self.driver_token_env, "") if self.driver_token_env else ""
+
+    def runstore(self) -> tuple[str, str] | None:
+        """The Run Store's URL and token when both are configured, else None (samples run here)."""
+        url = self.runstore_url or os.environ.get("SPROUT_RUNSTORE_URL")
+        token = os.environ.get(self.runstore_token_env, "")
+        return (url, token) if url and token else None
+
+
+def load_config(path: Path | None) -> DriverConfig:
+    if path is None:
+        return DriverConfig()
+    try:
+        return DriverConfig.model_validate_json(path.read_bytes())
+    except OSError as e:
+        raise SproutError(f"cannot read the driver config {path}: {e.strerror}") from None
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'config'}: {err['msg']}" for err in e.errors())
+        raise SproutError(f"invalid driver config {path}: {problems}") from None
+
+
+class TaskNotServed(SproutError):
+    """A request names a task this driver does not know or cannot grade (answered 400)."""
+
+
+def task_dir_for(config: DriverConfig, task_id: str) -> Path:
+    """The Harbor task directory of `task_id`: a configured task, else `tasks_dir/<task_id>`."""
+    entry = config.miles.tasks.get(task_id)
+    if entry is not None:
+        if entry.grade is None:
+            raise TaskNotServed(f"Configure Sprout tasks[{task_id!r}].grade for message rollout rewards")
+        return entry.task_dir.expanduser().resolve()
+    if config.tasks_dir is not None and task_id not in (".", "..") and "/" not in task_id:
+        candidate = config.tasks_dir.expanduser().resolve() / task_id
+        if (candidate / "task.toml").is_file():
+            return candidate
+    where = f"a directory of {config.tasks_dir}" if config.tasks_dir else "a --tasks-dir directory"
+    raise TaskNotServed(f"unknown task_id {task_id!r}: it is neither {where} nor a configured task")

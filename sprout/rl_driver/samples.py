@@ -1,0 +1,193 @@
+"""One sample slot: a rollout of mini-swe-agent (a checkpoint per turn, a journal), graded live by the
+task's verifier in its own sandbox, run here or as a Run Store job, and turned into a trajectory.
+
+The policy is called at the request's `model_endpoint` with the request's sampling parameters. A base
+URL without a path (an SGLang or vLLM router, `http://host:30000`) gets `/v1` appended, where those
+servers serve Chat Completions; a URL with a path is used as it is. The key sent with each call is the
+value of the driver's configured variable (`miles.api_key_env`), never one a request names; over a
+Run Store, workers call a URL a job names with no key at all (sprout.runstore.endpoints).
+"""
+
+import hashlib
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from ..agent.journal import Journal, read_journal
+from ..agent.models import Endpoint, SamplingParams
+from ..agent.runner import RolloutSpec
+from ..method.backend import LocalBackend, RolloutDone, RolloutRequest
+from ..sandbox import Store
+from ..sandbox.errors import SproutError
+from ..tasks import GradeResult, load_task
+from .export import TOOLS_BY_MODEL_CLASS, ExportError, export_messages, journal_messages
+from .protocol import RolloutGroupRequest, SampleSlot
+
+MODEL_CLASS = "tools"
+STOP_REASONS = {"LimitsExceeded": "max_turns_reached", "TimeExceeded": "timeout"}
+SAMPLING_KEYS = {"temperature", "top_p", "top_k", "stop", "max_new_tokens"}
+
+
+@dataclass
+class SamplePlan:
+    """What one slot runs; paths are the same on every host that runs samples (a shared filesystem)."""
+
+    group_id: str
+    request: RolloutGroupRequest
+    slot: SampleSlot
+    task_dir: Path
+    sample_dir: Path  # the journal and the verifier's files go here
+    deadline_unix: float  # the agent's wall time ends here (submission + max_wall_time_seconds)
+    key_env: str | None
+    command_timeout_s: int
+    token_limit: int
+
+    @property
+    def attempt(self) -> str:
+        digest = hashlib.sha256(f"{self.group_id}\n{self.slot.sample_slot_id}".encode()).hexdigest()[:12]
+        return f"rl-{digest}-{self.slot.sample_index}"
+
+    @property
+    def journal(self) -> Path:
+        return self.sample_dir / "journal.jsonl"
+
+    def rollout_request(self) -> RolloutRequest:
+        wall = math.ceil(self.deadline_unix - time.time())
+        if wall < 1:
+            raise SproutError("the group's wall time ran out before this sample started")
+        spec = RolloutSpec(task=prompt_text(self.request.prompt), model=self.request.model or "default",
+                           endpoint=policy_endpoint(self.request.model_endpoint, self.key_env), journal=self.journal,
+                           image=self.request.image, model_class=MODEL_CLASS, step_limit=self.request.max_turns,
+                           token_limit=self.token_limit, wall_time_s=wall, command_timeout_s=self.command_timeout_s,
+                           sampling=sampling_params(self.request.sampling_params))
+        return RolloutRequest(attempt=self.attempt, spec=spec, trial_dir=self.sample_dir / "trial")
+
+
+class SampleBackend(Protocol):
+    def run(self, plan: SamplePlan, stop: threading.Event, on_job: Callable[[int], None]) -> RolloutDone: ...
+
+
+class LocalSamples:
+    """Samples run in this process, in this host's store."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def run(self, plan: SamplePlan, stop: threading.Event, on_job: Callable[[int], None]) -> RolloutDone:
+        from ..method.executor import discard
+
+        if plan.journal.exists():  # a sample the previous driver process did not finish: start it again
+            discard(self.store, plan.journal)
+        backend = LocalBackend(self.store, load_task(plan.task_dir))
+        return backend.rollout(plan.rollout_request(), None, stop)
+
+
+class RunStoreSamples:
+    """Samples as Run Store rollout jobs; a restarted driver finds a slot's job again by its
+    idempotency key instead of submitting a second one."""
+
+    def __init__(self, client, poll_s: float):
+        self.client, self.poll_s = client, poll_s
+
+    def run(self, plan: SamplePlan, stop: threading.Event, on_job: Callable[[int], None]) -> RolloutDone:
+        from ..eval.remote import rollout_done, rollout_payload, submit_job, wait_job
+
+        payload = rollout_payload(plan.rollout_request(), plan.task_dir, deadline_unix=plan.deadline_unix)
+        job = submit_job(self.client, "rollout", payload, group_id=plan.group_id[:200],
+                         idempotency_key=f"{plan.attempt}-{int(plan.deadline_unix * 1000)}")
+        on_job(job.id)
+        return rollout_done(wait_job(self.client, job, poll_s=self.poll_s, stop=stop))
+
+
+def policy_endpoint(url: str, key_env: str | None) -> Endpoint:
+    url = url.rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise SproutError(f"model_endpoint must be an http(s) URL, got {url!r}")
+    if urlsplit(url).path in ("", "/"):
+        url += "/v1"
+    return Endpoint(url, key_env=key_env)
+
+
+def sampling_params(params: dict[str, Any]) -> SamplingParams:
+    """Miles' sampling_params as sent: max_new_tokens is each call's completion limit; keys beyond the
+    usual ones go in the request body as they are."""
+    extra = {k: v for k, v in params.items() if k not in SAMPLING_KEYS}
+    return SamplingParams(temperature=params.get("temperature"), top_p=params.get("top_p"),
+                          top_k=params.get("top_k"), stop=params.get("stop"),
+                          max_tokens=params.get("max_new_tokens"), extra_body=extra)
+
+
+def prompt_text(prompt: str | list[dict[str, Any]]) -> str:
+    """The task the agent is given: the prompt string, or the text of the prompt's user messages."""
+    if isinstance(prompt, str):
+        return prompt
+    parts = []
+    for message in prompt:
+        if message.get("role") == "user":
+            content = message.get("content")
+            parts.append(content if isinstance(content, str) else "".join(
+                p.get("text", "") for p in content or [] if isinstance(p, dict)))
+    return "\n\n".join(p for p in parts if p)
+
+
+@dataclass
+class SampleResult:
+    trajectory: dict[str, Any] | None
+    failure: str | None
+    budget: dict[str, float]
+
+
+def sample_result(plan: SamplePlan, done: RolloutDone, job_id: int | None) -> SampleResult:
+    """The slot's trajectory (or why there is none) from its journal and its grade."""
+    journal = read_journal(plan.journal)
+    budget = _budget(journal, done.grade)
+    outcome = done.outcome
+    status, stop_reason = "completed", None
+    if outcome.exit_status != "Submitted":
+        status, stop_reason = "truncated", STOP_REASONS.get(outcome.exit_status, "interrupted")
+    if stop_reason == "interrupted" and not journal.turns:
+        return SampleResult(None, f"actor failed: {outcome.exit_status}: {outcome.message}"[:500], budget)
+    try:
+        exported = export_messages(journal_messages(journal))
+    except ExportError as e:
+        return SampleResult(None, f"actor failed: {e}"[:500], budget)
+    reward, zero_reason = _reward(done.grade)
+    metadata = {
+        "job_id": job_id, "attempt_id": plan.attempt, "task_id": plan.request.task_id,
+        "source_image": plan.request.image, "graded_snapshot_id": outcome.final_checkpoint,
+        "checkpoints": [t.checkpoint for t in journal.turns], "host": done.host, "journal": str(plan.journal),
+        "provenance": {"prefix_messages": 0, "inserted_messages": []}, "search": None,
+        "zero_reason": zero_reason, "touched_test_paths": None, "exit_status": outcome.exit_status,
+        "grade": None if done.grade is None else {"verdict": done.grade.verdict, "mode": done.grade.mode,
+                                                  "error": done.grade.error},
+    }
+    trajectory = {"sample_slot_id": plan.slot.sample_slot_id, "branch_id": plan.attempt, "parent_branch_id": None,
+                  "group": None, "messages": exported.messages, "tools": TOOLS_BY_MODEL_CLASS[MODEL_CLASS],
+                  "reward": reward, "status": status, "stop_reason": stop_reason, "hints_removed": True,
+                  "metadata": metadata}
+    return SampleResult(trajectory, None, budget)
+
+
+def _reward(grade: GradeResult | None) -> tuple[float, str | None]:
+    """The reward, and why it is a placeholder 0 when the grade gave no verdict."""
+    if grade is None:
+        return 0.0, "not_graded"
+    if grade.verdict == "error" or grade.reward is None:
+        return 0.0, "grade_failed"
+    return float(grade.reward), None
+
+
+def _budget(journal: Journal, grade: GradeResult | None) -> dict[str, float]:
+    """What the sample consumed: model and tool calls, tokens, and the seconds its sandboxes ran."""
+    turns = journal.turns
+    outcome = journal.outcome
+    agent_s = outcome.wall_s if outcome else 0.0
+    return {"model_calls": (turns[-1].n_calls - journal.header.n_calls) if turns else 0,
+            "tool_calls": sum(len(t.commands) for t in turns),
+            "tokens_in": sum(t.tokens_in for t in turns), "tokens_out": sum(t.tokens_out for t in turns),
+            "sandbox_seconds": round(agent_s + (grade.duration_s if grade else 0.0), 3)}
