@@ -18,7 +18,6 @@ What is dropped, and why:
 """
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,11 +25,7 @@ from minisweagent.models.utils.actions_toolcall import BASH_TOOL
 
 from ..agent.journal import Journal
 from ..sandbox.errors import SproutError
-
-HINT_OPEN = "<sprout_training_hint>"
-HINT_CLOSE = "</sprout_training_hint>"
-# A span runs to its close tag, or to the end when the close is missing: an unclosed hint is still a hint.
-_HINT_SPAN = re.compile(re.escape(HINT_OPEN) + ".*?(?:" + re.escape(HINT_CLOSE) + r"|\Z)", re.DOTALL)
+from .protocol import strip_hints
 
 TOOLS_BY_MODEL_CLASS: dict[str, list[dict]] = {"tools": [BASH_TOOL], "text": []}
 ROLES = ("system", "user", "assistant", "tool")
@@ -48,14 +43,6 @@ class ExportedMessages:
     model_calls: int  # assistant messages kept
     tool_calls: int  # tool calls kept
     trimmed: int  # input messages (exits not counted) cut off with an unanswered turn
-
-
-def _strip_hints(text: str) -> tuple[str, bool]:
-    """Hints guide a branch's sampling but must not be trained on (Miles refuses the tags in user/system)."""
-    stripped = _HINT_SPAN.sub("", text).replace(HINT_CLOSE, "")
-    if stripped == text:
-        return text, False
-    return stripped.strip(), True
 
 
 def _text(content: Any) -> str | None:
@@ -177,7 +164,7 @@ class _Conversion:
                     self.out.append({"role": "tool", "content": _text(message.get("content")) or "",
                                      "tool_call_id": answered})
             else:
-                content, removed = _strip_hints(_text(message.get("content")) or "")
+                content, removed = strip_hints(_text(message.get("content")) or "")
                 if removed:
                     self.hinted.append(len(self.out))
                 self.out.append({"role": role, "content": content})

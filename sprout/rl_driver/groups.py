@@ -14,6 +14,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
+from ..sandbox import Store
 from ..sandbox.errors import SproutError
 from .config import DriverConfig, task_dir_for
 from .ledger import GroupRow, Ledger
@@ -40,6 +41,7 @@ class Driver:
         self._threads: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
         self._closing = False  # shutting down: running groups stay unfinished for the next driver
+        self.store = Store(runtime_bin=config.runtime_bin)  # this host's: test paths, checkpoint release
 
     def start(self) -> None:
         """Carries on every group a previous driver process left unfinished."""
@@ -167,7 +169,7 @@ class Driver:
             self.ledger.set_slot(group_id, slot_id, state="running")
             try:
                 done = self.backend.run(plan, stop, on_job)
-                result = sample_result(plan, done, job_id)
+                result = sample_result(plan, done, job_id, self.store)
             except Exception as e:
                 reason = "stopped: the group's wall time and finalization ran out" if stop.is_set() else str(e)
                 result = SampleResult(None, f"{type(e).__name__}: {reason}"[:500], {})
@@ -202,11 +204,10 @@ class Driver:
         if self.config.keep_checkpoints:
             return
         from ..method.executor import release
-        from ..sandbox import Store
 
         journals = sorted((self.config.data_path / "groups" / _safe(group_id)).glob("slot-*/journal.jsonl"))
         if journals:
-            release(Store(runtime_bin=self.config.runtime_bin), journals)
+            release(self.store, journals)
 
 
 def group_result(group: GroupRow) -> RolloutGroupResult:

@@ -42,7 +42,8 @@ StopReason = Literal["max_turns_reached", "timeout", "interrupted"]
 #: user and system messages at export; a trajectory still carrying one is refused.
 HINT_OPEN = "<sprout_training_hint>"
 HINT_CLOSE = "</sprout_training_hint>"
-_HINT_SPAN = re.compile(re.escape(HINT_OPEN) + ".*?" + re.escape(HINT_CLOSE), re.DOTALL)
+# A span runs to its close tag, or to the end when the close is missing: an unclosed hint is still a hint.
+_HINT_SPAN = re.compile(re.escape(HINT_OPEN) + ".*?(?:" + re.escape(HINT_CLOSE) + r"|\Z)", re.DOTALL)
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id", "reasoning_content", "name"})
@@ -333,6 +334,9 @@ class RolloutGroupResult(Strict):
 
 
 def strip_hints(text: str) -> tuple[str, bool]:
-    """Removes every hint span and any stray hint tag; returns the text and whether anything was removed."""
-    stripped = _HINT_SPAN.sub("", text).replace(HINT_OPEN, "").replace(HINT_CLOSE, "")
-    return stripped, stripped != text
+    """Removes every hint span (hints guide a branch's sampling but must not be trained on) and any stray
+    close tag; returns the text, stripped of surrounding whitespace when anything went, and whether it did."""
+    stripped = _HINT_SPAN.sub("", text).replace(HINT_CLOSE, "")
+    if stripped == text:
+        return text, False
+    return stripped.strip(), True

@@ -10,6 +10,7 @@ Run Store, workers call a URL a job names with no key at all (sprout.runstore.en
 
 import hashlib
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -18,12 +19,15 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from harbor.models.trial.paths import EnvironmentPaths
+
 from ..agent.journal import Journal, read_journal
 from ..agent.models import Endpoint, SamplingParams
 from ..agent.runner import RolloutSpec
 from ..method.backend import LocalBackend, RolloutDone, RolloutRequest
 from ..sandbox import Store
-from ..sandbox.errors import SproutError
+from ..sandbox.errors import CheckpointNotFound, SproutError
+from ..sandbox.rootfs import O_PATH, open_in_root
 from ..tasks import GradeResult, load_task
 from .export import TOOLS_BY_MODEL_CLASS, ExportError, export_messages, journal_messages
 from .protocol import RolloutGroupRequest, SampleSlot
@@ -142,8 +146,9 @@ class SampleResult:
     budget: dict[str, float]
 
 
-def sample_result(plan: SamplePlan, done: RolloutDone, job_id: int | None) -> SampleResult:
-    """The slot's trajectory (or why there is none) from its journal and its grade."""
+def sample_result(plan: SamplePlan, done: RolloutDone, job_id: int | None, store: Store) -> SampleResult:
+    """The slot's trajectory (or why there is none) from its journal and its grade; `store`: this host's,
+    where the graded checkpoint is looked up for the test paths it touched."""
     journal = read_journal(plan.journal)
     budget = _budget(journal, done.grade)
     outcome = done.outcome
@@ -162,7 +167,8 @@ def sample_result(plan: SamplePlan, done: RolloutDone, job_id: int | None) -> Sa
         "source_image": plan.request.image, "graded_snapshot_id": outcome.final_checkpoint,
         "checkpoints": [t.checkpoint for t in journal.turns], "host": done.host, "journal": str(plan.journal),
         "provenance": {"prefix_messages": 0, "inserted_messages": []}, "search": None,
-        "zero_reason": zero_reason, "touched_test_paths": None, "exit_status": outcome.exit_status,
+        "zero_reason": zero_reason,
+        "touched_test_paths": touched_test_paths(store, plan.task_dir, outcome.final_checkpoint), "exit_status": outcome.exit_status,
         "grade": None if done.grade is None else {"verdict": done.grade.verdict, "mode": done.grade.mode,
                                                   "error": done.grade.error},
     }
@@ -171,6 +177,29 @@ def sample_result(plan: SamplePlan, done: RolloutDone, job_id: int | None) -> Sa
                   "reward": reward, "status": status, "stop_reason": stop_reason, "hints_removed": True,
                   "metadata": metadata}
     return SampleResult(trajectory, None, budget)
+
+
+def touched_test_paths(store: Store, task_dir: Path, checkpoint_id: str | None) -> list[str] | None:
+    """The task's test files (Harbor copies tests/ to /tests only to grade) that the graded state
+    already had at their paths: what the agent wrote where the tests go. None when that state is not
+    in this host's store (a Run Store worker elsewhere graded it)."""
+    if checkpoint_id is None:
+        return None
+    try:
+        root = store.checkpoint(checkpoint_id).path
+    except CheckpointNotFound:
+        return None
+    tests = load_task(task_dir).paths.tests_dir
+    paths = sorted(str(EnvironmentPaths.tests_dir / f.relative_to(tests)) for f in tests.rglob("*") if f.is_file())
+    return [path for path in paths if _exists_in(root, path)]
+
+
+def _exists_in(root: Path, path: str) -> bool:
+    try:
+        os.close(open_in_root(root, path, O_PATH))
+    except OSError:
+        return False
+    return True
 
 
 def _reward(grade: GradeResult | None) -> tuple[float, str | None]:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from sprout.rl_driver.protocol import RolloutGroupResult
-from sprout.sandbox import Store
+from sprout.sandbox import CheckpointNotFound, Store
 from sprout.testing.scripted_model import ScriptedModelServer
 from tests.conftest import REPO, RUNTIME_BIN, free_port
 from tests.method.conftest import FIXTURES
@@ -191,8 +191,11 @@ def sandbox_ids() -> set[str]:
     return {s.id for s in Store().sandboxes()}
 
 
+WRITE_TESTS = "mkdir -p /tests && echo 'def test_ok(): pass' > /tests/test_calc.py"  # where Harbor puts the tests
+
+
 def test_a_group_of_four_returns_four_graded_trajectories(driver, tasks):
-    script = first(FIX, 2) + first("ls /app", 2) + then(SUBMIT, 4)
+    script = first(FIX, 2) + first(WRITE_TESTS, 2) + then(SUBMIT, 4)
     before = sandbox_ids()
     with ScriptedModelServer(script, api_key=POLICY_KEY) as model:
         request = group_request(tasks[1], endpoint_of(model), 4)
@@ -208,6 +211,10 @@ def test_a_group_of_four_returns_four_graded_trajectories(driver, tasks):
         meta = trajectory["metadata"]
         assert meta["zero_reason"] is None and meta["search"] is None and meta["source_image"] == request["image"]
         assert len(meta["checkpoints"]) == 2 and meta["graded_snapshot_id"] == meta["checkpoints"][-1]
+        assert meta["touched_test_paths"] == ([] if trajectory["reward"] else ["/tests/test_calc.py"])
+        for checkpoint in meta["checkpoints"]:  # released when the group was DELETEd
+            with pytest.raises(CheckpointNotFound):
+                Store().checkpoint(checkpoint)
     budget = result["consumed_budget"]
     assert budget["model_calls"] == 8 and budget["tool_calls"] == 8 and budget["sandbox_seconds"] > 0
     assert len(calls) == 8 and all(c["path"] == "/v1/chat/completions" for c in calls)  # /v1 appended

@@ -18,16 +18,14 @@ from minisweagent.models.utils.openai_multimodal import DEFAULT_MULTIMODAL_REGEX
 
 from sprout.agent.journal import Header, Journal, Limits, Outcome, ParentRef, Turn
 from sprout.rl_driver.export import (
-    HINT_CLOSE,
-    HINT_OPEN,
     SUBMITTED_ANSWER,
     TOOLS_BY_MODEL_CLASS,
     ExportError,
-    _strip_hints,
     export_messages,
     journal_messages,
     tool_call_count,
 )
+from sprout.rl_driver.protocol import HINT_CLOSE, HINT_OPEN, strip_hints
 
 pytestmark = pytest.mark.python_only
 
@@ -216,9 +214,9 @@ def test_hints_are_removed_from_user_and_system_only() -> None:
 
 def test_strip_hints_removes_every_span_and_stray_tag() -> None:
     text = f"a {HINT_OPEN}one\ntwo{HINT_CLOSE} b {HINT_OPEN}three{HINT_CLOSE} c {HINT_CLOSE}"
-    assert _strip_hints(text) == ("a  b  c", True)
-    assert _strip_hints(f"keep {HINT_OPEN}an unclosed hint\nruns to the end") == ("keep", True)
-    assert _strip_hints("  nothing here\n") == ("  nothing here\n", False)
+    assert strip_hints(text) == ("a  b  c", True)
+    assert strip_hints(f"keep {HINT_OPEN}an unclosed hint\nruns to the end") == ("keep", True)
+    assert strip_hints("  nothing here\n") == ("  nothing here\n", False)
 
 
 def test_list_content_is_joined_from_its_text_parts() -> None:

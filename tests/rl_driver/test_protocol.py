@@ -473,10 +473,10 @@ def test_search_outcome_refuses_impossible_counts(counts):
         ("", ("", False)),
         (f"a{HINT_OPEN}hint{HINT_CLOSE}b", ("ab", True)),
         (f"a{HINT_OPEN}line\nline{HINT_CLOSE}b{HINT_OPEN}x{HINT_CLOSE}c", ("abc", True)),
-        (f"a{HINT_OPEN}b", ("ab", True)),
+        (f"a{HINT_OPEN}b", ("a", True)),  # an unclosed hint runs to the end
         (f"a{HINT_CLOSE}b", ("ab", True)),
     ],
-    ids=["plain", "empty", "span", "two-spans-multiline", "stray-open", "stray-close"],
+    ids=["plain", "empty", "span", "two-spans-multiline", "unclosed", "stray-close"],
 )
 def test_strip_hints(text, expected):
     assert strip_hints(text) == expected
