@@ -1,18 +1,25 @@
 """python -m sprout.services: configure and run Sprout's background services.
 
     setup                 guided: checks the host, asks for the model endpoint "default" and its key
-                          variable, shows a diff and asks before changing any existing file
+                          variable (and the RL driver's tasks directory), shows a diff and asks before
+                          changing any existing file
     init                  the same files without questions (flags / environment for the values);
                           --endpoint NAME=URL --endpoint-key-env NAME=VAR add more named endpoints
                           --proxy-model NAME --proxy-provider-model PROVIDER/MODEL [--proxy-api-base URL]
                           [--proxy-key-env VAR] configure the bundled LiteLLM proxy (litellm.yaml), for a
                           provider that does not serve plain Chat Completions; endpoint "default" points at it
-    up SERVICE...         start services (litellm-proxy, runstore-api, runstore-worker) and wait until healthy
+                          --rl-driver-tasks-dir DIR [--rl-driver-port PORT] configure Sprout's RL driver
+                          (rl-driver.json), which serves
+                          Miles' /rollout-groups for the Harbor tasks in DIR, each sample a Run Store job
+    up SERVICE...         start services (litellm-proxy, runstore-api, runstore-worker, rl-driver) and wait
+                          until healthy
     down [SERVICE...]     stop services (a worker drains: finishes or releases its jobs)
     status                pid, port, health and uptime of each service
     logs SERVICE          the service's log (-f to follow)
     env                   `export SPROUT_RUNSTORE_URL=... SPROUT_RUNSTORE_TOKEN=...` for eval; with the proxy
-                          also `export OPENAI_BASE_URL=... OPENAI_API_KEY=...` for worker run, eval, the RL driver
+                          also `export OPENAI_BASE_URL=... OPENAI_API_KEY=...` for worker run, eval, the RL
+                          driver; with the RL driver also `export SPROUT_RL_DRIVER_URL=...
+                          SPROUT_RL_DRIVER_TOKEN=...` for Miles' rollout function
 """
 
 import argparse
@@ -35,14 +42,19 @@ from .config import (
     DEFAULT_KEY_ENV,
     PROXY_KEY_ENV,
     PROXY_KEY_FILE,
+    RL_DRIVER_CONFIG,
+    RL_DRIVER_TOKEN_FILE,
     SCOPES,
     ProxyConfig,
+    RLDriverService,
     ServicesConfig,
     config_dir,
     load,
     proxy_key,
     render,
     render_litellm,
+    render_rl_driver,
+    rl_driver_token,
     token,
     write_secret,
 )
@@ -70,9 +82,33 @@ def _proxy_from(args, base: ProxyConfig | None) -> ProxyConfig | None:
     given = {field: getattr(args, flag) for field, flag in PROXY_FLAGS.items() if getattr(args, flag) is not None}
     if not given:
         return base
-    if "key_env" in given:
-        given["key_env"] = given["key_env"] or None
     return _proxy({**(base.model_dump() if base else {}), **given})
+
+
+RL_DRIVER_FLAGS = {"tasks_dir": "rl_driver_tasks_dir", "port": "rl_driver_port"}
+
+
+def _rl_driver(values: dict) -> RLDriverService:
+    try:
+        return RLDriverService(**values)
+    except ValidationError as e:
+        first = e.errors()[0]
+        flag = "--" + RL_DRIVER_FLAGS.get(str(first["loc"][0]), str(first["loc"][0])).replace("_", "-")
+        raise SproutError(f"rl-driver: {flag}: {first['msg'].removeprefix('Value error, ')}") from None
+
+
+def _rl_driver_from(args, base: RLDriverService | None) -> RLDriverService | None:
+    """`base` with the --rl-driver-* flags applied (--no-rl-driver: none); the tasks directory is stored
+    resolved."""
+    if args.no_rl_driver:
+        return None
+    given = {field: getattr(args, flag) for field, flag in RL_DRIVER_FLAGS.items()
+             if getattr(args, flag) is not None}
+    if not given:
+        return base
+    if given.get("tasks_dir"):
+        given["tasks_dir"] = str(Path(given["tasks_dir"]).expanduser().resolve())
+    return _rl_driver({**(base.model_dump() if base else {}), **given})
 
 
 def _at_proxy(proxy: ProxyConfig) -> ConfiguredEndpoint:
@@ -85,6 +121,7 @@ def _config_from(args, base: ServicesConfig) -> ServicesConfig:
     values["endpoints"] = _endpoints_from(args, base.endpoints)
     proxy = _proxy_from(args, base.proxy)
     values["proxy"] = proxy
+    values["rl_driver"] = _rl_driver_from(args, base.rl_driver)
     default_given = args.model_endpoint or any(e.partition("=")[0] == "default" for e in args.endpoint or [])
     if proxy and proxy != base.proxy and not default_given:  # the proxy just set up is what the agent calls
         values["endpoints"]["default"] = _at_proxy(proxy)
@@ -191,10 +228,38 @@ def _write_proxy_files(directory: Path, config: ServicesConfig) -> list[str]:
     return lines
 
 
+def _write_rl_driver_files(directory: Path, config: ServicesConfig) -> list[str]:
+    """rl-driver.json from services.json, and the driver's bearer token, made once (like the API tokens:
+    rotating it would lock out a running trainer)."""
+    if config.rl_driver is None:
+        return []
+    lines = []
+    path, text = directory / RL_DRIVER_CONFIG, render_rl_driver(config, directory)
+    if path.exists() and path.read_text() == text:
+        lines.append(f"ok    {path}")
+    else:
+        path.write_text(text)
+        lines.append(f"done  {path}")
+    token_path = directory / "secrets" / RL_DRIVER_TOKEN_FILE
+    if rl_driver_token(directory) is None:
+        from ..runstore.auth import new_token
+
+        write_secret(token_path, new_token() + "\n")
+        lines.append(f"done  {token_path} (the RL driver's bearer token, mode 0600)")
+    else:
+        lines.append(f"ok    {token_path} (kept)")
+    if not Path(config.rl_driver.tasks_dir).is_dir():
+        lines.append(f"note  {config.rl_driver.tasks_dir} (the RL driver's tasks directory) "
+                     "does not exist yet")
+    return lines
+
+
 def _write_all(directory: Path, config: ServicesConfig, ask: bool, force: bool) -> list[str]:
-    """services.json, the tokens and, if the services.json now on disk has a proxy, its files."""
+    """services.json, the tokens and, if the services.json now on disk has a proxy or an RL driver, their
+    files."""
     lines = [_write_config(directory, config, ask=ask, force=force), *_write_secrets(directory)]
-    return lines + _write_proxy_files(directory, load(directory))
+    on_disk = load(directory)
+    return lines + _write_proxy_files(directory, on_disk) + _write_rl_driver_files(directory, on_disk)
 
 
 def _write_config(directory: Path, config: ServicesConfig, ask: bool, force: bool) -> str:
@@ -207,7 +272,11 @@ def _write_config(directory: Path, config: ServicesConfig, ask: bool, force: boo
         diff = "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), str(path), f"{path} (new)"))
         if ask:
             console.print(diff, markup=False)
-            answer = input(f"replace {path}? [y/N] ").strip().lower()
+            try:
+                answer = input(f"replace {path}? [y/N] ").strip().lower()
+            except EOFError:  # no answer: no
+                print()
+                answer = "n"
             if answer not in ("y", "yes"):
                 return f"skip  {path} (kept as it is)"
         elif not force:
@@ -218,7 +287,12 @@ def _write_config(directory: Path, config: ServicesConfig, ask: bool, force: boo
 
 
 def _ask(question: str, default: str) -> str:
-    answer = input(f"{question} [{default}]: ").strip()
+    """The answer, or `default` for an empty one or when the input has ended (answers fed from a file)."""
+    try:
+        answer = input(f"{question} [{default}]: ").strip()
+    except EOFError:
+        print()
+        return default
     return answer or default
 
 
@@ -261,13 +335,30 @@ def cmd_setup(args) -> int:
     endpoints = {**base.endpoints, "default": endpoint}
     port = _ask_number("Run Store API port", base.runstore_port, 1, 65535)
     slots = _ask_number("worker slots (jobs at once on this host)", base.worker_slots, 1, 4096)
+    rl_driver = _ask_rl_driver(base.rl_driver)
     config = base.model_copy(update={"endpoints": endpoints, "runstore_port": port,
-                                     "worker_slots": slots, "proxy": proxy})
+                                     "worker_slots": slots, "proxy": proxy, "rl_driver": rl_driver})
     for line in _write_all(directory, config, ask=True, force=False):
         console.print(line, markup=False)
     if key_env and key_env not in os.environ:
         console.print(f"note: {key_env} is not set in this shell; export it before `up {needs_key}`")
     return 0 if all(c.ok for c in checks) else 1
+
+
+def _ask_rl_driver(old: RLDriverService | None) -> RLDriverService | None:
+    """The RL driver's tasks directory (asked until it is a directory, 'none' or empty); its other
+    settings are kept, or the defaults (`init --rl-driver-*` changes them)."""
+    question = "Harbor tasks directory for the RL driver " + ("('none': no RL driver)" if old else
+                                                              "(empty: no RL driver)")
+    default = old.tasks_dir if old else "none"
+    while True:
+        answer = _ask(question, default)
+        if answer == "none":
+            return None
+        path = Path(answer).expanduser().resolve()
+        if path.is_dir() or answer == default:  # the configured one is kept even if it is gone (up says so)
+            return _rl_driver({**(old.model_dump() if old else {}), "tasks_dir": str(path)})
+        console.print(f"  {answer!r} is not a directory; try again ('none': no RL driver)", markup=False)
 
 
 def _ask_proxy(old: ProxyConfig | None) -> ProxyConfig:
@@ -350,6 +441,13 @@ def cmd_env(args) -> int:
         if key is None:
             raise SproutError(f"no proxy master key in {directory}/secrets: run `python -m sprout.services init`")
         print(f"export OPENAI_BASE_URL={config.proxy.url} OPENAI_API_KEY={shlex.quote(key)}")
+    if config.rl_driver:
+        driver_token = rl_driver_token(directory)
+        if driver_token is None:
+            raise SproutError(f"no RL driver token in {directory}/secrets: "
+                              "run `python -m sprout.services init`")
+        print(f"export SPROUT_RL_DRIVER_URL={config.rl_driver.url} "
+              f"SPROUT_RL_DRIVER_TOKEN={shlex.quote(driver_token)}")
     return 0
 
 
@@ -392,6 +490,13 @@ def parser() -> argparse.ArgumentParser:
                         "as os.environ/VAR; empty: no key)")
     s.add_argument("--proxy-port", type=int, metavar="PORT", help="the proxy's port on 127.0.0.1 (default 4000)")
     s.add_argument("--no-proxy", action="store_true", help="remove the proxy from the configuration")
+    s.add_argument("--rl-driver-tasks-dir", metavar="DIR",
+                   help="configure Sprout's RL driver (service rl-driver): it serves Miles' /rollout-groups "
+                        "for the Harbor tasks in DIR (a task_id is a directory name), each sample a Run "
+                        "Store job")
+    s.add_argument("--rl-driver-port", type=int, metavar="PORT", help="the RL driver's port on 127.0.0.1 "
+                   "(default 11001)")
+    s.add_argument("--no-rl-driver", action="store_true", help="remove the RL driver from the configuration")
     s.add_argument("--force", action="store_true", help="replace an existing services.json that differs")
     s.set_defaults(func=cmd_init)
     for name, func, text in (("up", cmd_up, "start services and wait until healthy"),
@@ -405,7 +510,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("-n", "--lines", type=int, default=50)
     s.add_argument("-f", "--follow", action="store_true")
     s.set_defaults(func=cmd_logs)
-    sub.add_parser("env", help="print the exports that point clients at the Run Store (and the proxy)"
+    sub.add_parser("env", help="print the exports that point clients at the Run Store (and the proxy, the RL "
+                   "driver)"
                    ).set_defaults(func=cmd_env)
     s = sub.add_parser("_supervise")  # internal: what `up` starts
     s.add_argument("service")

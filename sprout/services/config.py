@@ -7,6 +7,9 @@
     litellm.yaml             the LiteLLM proxy's model list, when a proxy is configured (the provider key
                              as os.environ/VAR, never its value)
     secrets/litellm-master.key   the proxy's master key, the key its clients send (0600)
+    rl-driver.json           the RL driver's config (sprout.rl_driver.config), when the driver is configured;
+                             its ledger is rl-driver.sqlite3 here, or the Run Store's PostgreSQL
+    secrets/rl-driver.token  the bearer token the RL driver's callers send (0600)
     run/<service>.json, logs/<service>.log   pid files and logs of running services
 """
 
@@ -25,6 +28,9 @@ SCOPES = ("admin", "worker", "submitter")
 DEFAULT_KEY_ENV = "SPROUT_MODEL_API_KEY"  # the "default" endpoint's key variable unless told otherwise
 PROXY_KEY_ENV = "LITELLM_MASTER_KEY"  # the proxy's master key in its services' environment (never in files)
 PROXY_KEY_FILE = "litellm-master.key"
+RL_DRIVER_TOKEN_ENV = "SPROUT_RL_DRIVER_TOKEN"  # the RL driver's bearer token in its environment
+RL_DRIVER_TOKEN_FILE = "rl-driver.token"
+RL_DRIVER_CONFIG = "rl-driver.json"
 
 
 def config_dir() -> Path:
@@ -65,6 +71,19 @@ class ProxyConfig(BaseModel):
         return f"http://{self.host}:{self.port}/v1"
 
 
+class RLDriverService(BaseModel, extra="forbid"):
+    """Sprout's RL driver (service rl-driver): serves Miles' /rollout-groups for the Harbor tasks in
+    `tasks_dir`, each sample a Run Store job (the workers call the policy URL a request names with no key)."""
+
+    tasks_dir: str = Field(min_length=1)  # Harbor task directories; a task_id is a directory name
+    host: str = "127.0.0.1"
+    port: int = Field(11001, ge=1, le=65535)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
 class ServicesConfig(BaseModel):
     runstore_host: str = "127.0.0.1"
     runstore_port: int = 8470
@@ -76,6 +95,7 @@ class ServicesConfig(BaseModel):
     endpoints: dict[str, ConfiguredEndpoint] = {}  # the model endpoints jobs may name (workers' keys)
     runtime_bin: str = ""
     proxy: ProxyConfig | None = None  # the bundled LiteLLM proxy (service litellm-proxy), if configured
+    rl_driver: RLDriverService | None = None  # Sprout's RL driver (service rl-driver), if configured
 
     @model_validator(mode="before")
     @classmethod
@@ -102,6 +122,10 @@ class ServicesConfig(BaseModel):
 
     def db_url(self, directory: Path) -> str:
         return self.runstore_db or f"sqlite:///{directory / 'runstore.db'}"
+
+    @property
+    def runstore_on_postgres(self) -> bool:
+        return self.runstore_db.partition("://")[0].partition("+")[0] in ("postgresql", "postgres")
 
 
 def load(directory: Path | None = None) -> ServicesConfig:
@@ -138,6 +162,30 @@ def render_litellm(proxy: ProxyConfig) -> str:
     lines += [f"      {key}: {json.dumps(value)}" for key, value in params.items() if value]
     lines += ["general_settings:", f"  master_key: {json.dumps(f'os.environ/{PROXY_KEY_ENV}')}"]
     return "\n".join(lines) + "\n"
+
+
+def rl_driver_token(directory: Path | None = None) -> str | None:
+    """The RL driver's bearer token, or None before `init`/`setup` made it."""
+    path = (directory or config_dir()) / "secrets" / RL_DRIVER_TOKEN_FILE
+    return path.read_text().strip() if path.exists() else None
+
+
+def render_rl_driver(config: ServicesConfig, directory: Path) -> str:
+    """rl-driver.json (a sprout.rl_driver.config.DriverConfig) for `config.rl_driver`: samples as Run Store
+    jobs (URL here, token in $SPROUT_RUNSTORE_TOKEN), callers' token in $SPROUT_RL_DRIVER_TOKEN; the ledger
+    next to the Run Store's jobs when those are in PostgreSQL, else a SQLite file in `directory`."""
+    from ..rl_driver.config import DriverConfig
+
+    driver = config.rl_driver
+    assert driver is not None
+    directory = directory.expanduser().resolve()
+    ledger = config.runstore_db if config.runstore_on_postgres else str(directory / "rl-driver.sqlite3")
+    return DriverConfig(host=driver.host, port=driver.port, tasks_dir=Path(driver.tasks_dir),
+                        driver_token_env=RL_DRIVER_TOKEN_ENV, ledger=ledger,
+                        data_dir=directory / "rl-driver", runstore_url=config.url,
+                        runstore_token_env="SPROUT_RUNSTORE_TOKEN",
+                        runtime_bin=Path(config.runtime_bin) if config.runtime_bin else None
+                        ).model_dump_json(indent=2) + "\n"
 
 
 def token(scope: str, directory: Path | None = None) -> str:

@@ -19,9 +19,19 @@ import httpx
 
 from ..runstore.endpoints import ENDPOINTS_ENV, render_endpoints
 from ..runstore.worker import STOP_GRACE_S
-from .config import PROXY_KEY_ENV, ServicesConfig, config_dir, proxy_key
+from .config import (
+    PROXY_KEY_ENV,
+    RL_DRIVER_CONFIG,
+    RL_DRIVER_TOKEN_ENV,
+    ServicesConfig,
+    config_dir,
+    proxy_key,
+    rl_driver_token,
+    token,
+)
 
-SERVICES = ("litellm-proxy", "runstore-api", "runstore-worker")  # `up` in this order, `down` in reverse
+# `up` in this order, `down` in reverse
+SERVICES = ("litellm-proxy", "runstore-api", "runstore-worker", "rl-driver")
 STOP_TIMEOUT_S = 60  # the API's; a worker's is its drain, its jobs' stop grace and this margin
 START_WAIT_S = {"litellm-proxy": 120.0}  # LiteLLM's proxy imports for seconds; others: UP_WAIT_S
 UP_WAIT_S = 30.0
@@ -29,8 +39,9 @@ LOG_TAIL_LINES = 12  # of a service that failed to start, shown by `up`
 
 
 def configured(config: ServicesConfig) -> list[str]:
-    """The services this configuration runs (the proxy only when it is configured)."""
-    return [name for name in SERVICES if name != "litellm-proxy" or config.proxy]
+    """The services this configuration runs (the proxy and the RL driver only when they are configured)."""
+    optional = {"litellm-proxy": config.proxy, "rl-driver": config.rl_driver}
+    return [name for name in SERVICES if optional.get(name, True)]
 
 
 def stop_timeout(name: str, config: ServicesConfig) -> float:
@@ -66,12 +77,16 @@ def command(name: str, config: ServicesConfig, directory: Path) -> list[str]:
     if name == "litellm-proxy" and config.proxy:
         return [py, "-m", "litellm.proxy.proxy_cli", "--config", str(directory / "litellm.yaml"),
                 "--host", config.proxy.host, "--port", str(config.proxy.port)]
+    if name == "rl-driver" and config.rl_driver:
+        return [py, "-m", "sprout.rl_driver", "serve", "--config", str(directory / RL_DRIVER_CONFIG)]
     raise ValueError(name)
 
 
-def service_env(config: ServicesConfig, directory: Path | None = None) -> dict[str, str]:
+def service_env(config: ServicesConfig, directory: Path | None = None,
+                name: str | None = None) -> dict[str, str]:
     """The services' environment: this one, plus the configured endpoints, and with a proxy its master key
-    (the proxy's own and the key of the worker's endpoint that points at it)."""
+    (the proxy's own and the key of the worker's endpoint that points at it). The RL driver's (`name`
+    "rl-driver") also has the Run Store's URL and submitter token, and its own callers' token."""
     env = dict(os.environ)
     env[ENDPOINTS_ENV] = render_endpoints(config.endpoints)  # the only endpoints whose keys workers send
     env.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # LiteLLM's cost map from the package, not the web
@@ -80,11 +95,17 @@ def service_env(config: ServicesConfig, directory: Path | None = None) -> dict[s
     key = proxy_key(directory) if config.proxy else None
     if key:
         env[PROXY_KEY_ENV] = key
+    if name == "rl-driver" and config.rl_driver:
+        env["SPROUT_RUNSTORE_URL"] = config.url
+        env["SPROUT_RUNSTORE_TOKEN"] = token("submitter", directory)
+        env[RL_DRIVER_TOKEN_ENV] = rl_driver_token(directory) or ""
     return env
 
 
 def preflight(name: str, config: ServicesConfig, directory: Path) -> str | None:
     """Why `name` cannot start with this configuration, or None."""
+    if name == "rl-driver":
+        return _rl_driver_preflight(config, directory)
     if name != "litellm-proxy":
         return None
     if config.proxy is None:
@@ -94,6 +115,23 @@ def preflight(name: str, config: ServicesConfig, directory: Path) -> str | None:
         return f"no litellm.yaml or master key in {directory}: run `python -m sprout.services init` (or `setup`)"
     if config.proxy.key_env and config.proxy.key_env not in os.environ:
         return f"{config.proxy.key_env} (the provider's key for litellm-proxy) is not set: export it first"
+    return None
+
+
+def _rl_driver_preflight(config: ServicesConfig, directory: Path) -> str | None:
+    driver = config.rl_driver
+    if driver is None:
+        return ("rl-driver is not configured: run `python -m sprout.services init --rl-driver-tasks-dir DIR` "
+                "(or `setup`)")
+    if not (directory / RL_DRIVER_CONFIG).exists() or rl_driver_token(directory) is None:
+        return (f"no {RL_DRIVER_CONFIG} or RL driver token in {directory}: "
+                "run `python -m sprout.services init` (or `setup`)")
+    if not (directory / "secrets" / "submitter.token").exists():
+        return (f"no Run Store tokens in {directory}/secrets: "
+                "run `python -m sprout.services init` (or `setup`)")
+    if not Path(driver.tasks_dir).is_dir():
+        return (f"the RL driver's tasks directory {driver.tasks_dir} does not exist: create it, or name "
+                "another with `python -m sprout.services init --rl-driver-tasks-dir DIR --force`")
     return None
 
 
@@ -136,6 +174,8 @@ def healthy(name: str, config: ServicesConfig, directory: Path) -> tuple[bool, s
         return _get_ok(config.url, "/health")
     if name == "litellm-proxy":  # readiness answers without calling the model (/health would call it)
         return _get_ok(f"http://{config.proxy.host}:{config.proxy.port}", "/health/readiness")
+    if name == "rl-driver":
+        return _get_ok(config.rl_driver.url, "/health") if config.rl_driver else (False, "not configured")
     alive = directory / "run" / "runstore-worker.alive"
     if not alive.exists():
         return False, "not claiming yet"
@@ -177,7 +217,7 @@ def up(name: str, config: ServicesConfig, directory: Path, wait_s: float | None 
         offset = log.tell()
         subprocess.Popen([sys.executable, "-m", "sprout.services", "_supervise", name], stdin=subprocess.DEVNULL,
                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                         env=service_env(config, directory))
+                         env=service_env(config, directory, name))
     deadline = time.monotonic() + wait_s
     detail = "starting"
     while time.monotonic() < deadline:
@@ -210,7 +250,8 @@ def status(name: str, config: ServicesConfig, directory: Path) -> Status:
     if info is None:
         return Status(name, None, None, False, None, "not running")
     ok, detail = healthy(name, config, directory)
-    port = {"runstore-api": config.runstore_port, "litellm-proxy": config.proxy and config.proxy.port}.get(name)
+    port = {"runstore-api": config.runstore_port, "litellm-proxy": config.proxy and config.proxy.port,
+            "rl-driver": config.rl_driver and config.rl_driver.port}.get(name)
     return Status(name, info["pid"], port, ok, time.time() - info["started"], detail)
 
 
