@@ -25,10 +25,9 @@ from minisweagent.models.utils.actions_toolcall import BASH_TOOL
 
 from ..agent.journal import Journal
 from ..sandbox.errors import SproutError
-from .protocol import strip_hints
+from .protocol import ROLES, strip_hints
 
 TOOLS_BY_MODEL_CLASS: dict[str, list[dict]] = {"tools": [BASH_TOOL], "text": []}
-ROLES = ("system", "user", "assistant", "tool")
 SUBMITTED_ANSWER = "Submitted."
 
 
@@ -124,7 +123,7 @@ def export_messages(messages: list[dict], *, answer_submission: bool = True) -> 
     """Raises ExportError when nothing trainable is left (no assistant message) or a role is not an API role.
     `answer_submission=False` cuts a submitting turn like any other unanswered one."""
     raw = [m for m in messages if m.get("role") != "exit"]
-    if bad := sorted({str(m.get("role")) for m in raw} - set(ROLES)):
+    if bad := sorted({str(m.get("role")) for m in raw} - ROLES):
         raise ExportError(f"the rollout has messages with roles Miles does not accept: {', '.join(bad)}")
     state = _Conversion(raw)
     closed = state.run()

@@ -8,9 +8,11 @@ them on; GET answers from here alone, so it answers the same before and after a 
 import json
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Column,
     Engine,
     Float,
@@ -27,8 +29,6 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 
 from ..runstore.db import parse_url
-
-SLOT_STATES = ("pending", "running", "done", "failed", "unused")
 
 _metadata = MetaData()
 groups = Table(
@@ -48,7 +48,7 @@ slots = Table(
     Column("position", Integer, nullable=False),  # the slot's place in the request
     Column("sample_index", Integer, nullable=False),
     Column("state", Text, nullable=False),
-    Column("job_id", Integer),  # the Run Store job running it, if any
+    Column("job_id", BigInteger),  # the Run Store job running it, if any
     Column("trajectory", Text),  # JSON, when done
     Column("failure", Text),  # why the actor failed, when failed
     Column("budget", Text, nullable=False, default="{}"),  # JSON: calls, tokens, sandbox seconds
@@ -82,8 +82,6 @@ class Ledger:
     def __init__(self, url: str):
         parsed = parse_url(url)
         if parsed.get_backend_name() == "sqlite" and parsed.database:
-            from pathlib import Path
-
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         connect_args = {"timeout": 30} if parsed.get_backend_name() == "sqlite" else {}
         self.engine: Engine = create_engine(parsed, connect_args=connect_args)

@@ -64,51 +64,35 @@ REPO_RUNTIME = Path(__file__).resolve().parents[2] / "runtime" / "sprout-runtime
 
 PROXY_FLAGS = {"model_name": "proxy_model", "provider_model": "proxy_provider_model", "api_base": "proxy_api_base",
                "key_env": "proxy_key_env", "port": "proxy_port"}
-
-
-def _proxy(values: dict) -> ProxyConfig:
-    try:
-        return ProxyConfig(**values)
-    except ValidationError as e:
-        first = e.errors()[0]
-        flag = "--" + PROXY_FLAGS.get(str(first["loc"][0]), str(first["loc"][0])).replace("_", "-")
-        raise SproutError(f"litellm-proxy: {flag}: {first['msg'].removeprefix('Value error, ')}") from None
-
-
-def _proxy_from(args, base: ProxyConfig | None) -> ProxyConfig | None:
-    """`base` with the --proxy-* flags applied (--no-proxy: none); the key variable '' means no key."""
-    if args.no_proxy:
-        return None
-    given = {field: getattr(args, flag) for field, flag in PROXY_FLAGS.items() if getattr(args, flag) is not None}
-    if not given:
-        return base
-    return _proxy({**(base.model_dump() if base else {}), **given})
-
-
 RL_DRIVER_FLAGS = {"tasks_dir": "rl_driver_tasks_dir", "port": "rl_driver_port"}
+SECTIONS = {ProxyConfig: ("litellm-proxy", PROXY_FLAGS), RLDriverService: ("rl-driver", RL_DRIVER_FLAGS)}
 
 
-def _rl_driver(values: dict) -> RLDriverService:
+def _section[S: (ProxyConfig, RLDriverService)](model: type[S], values: dict) -> S:
+    """A service's section of services.json; a bad value is one error line naming its flag."""
+    service, flags = SECTIONS[model]
     try:
-        return RLDriverService(**values)
+        return model(**values)
     except ValidationError as e:
         first = e.errors()[0]
-        flag = "--" + RL_DRIVER_FLAGS.get(str(first["loc"][0]), str(first["loc"][0])).replace("_", "-")
-        raise SproutError(f"rl-driver: {flag}: {first['msg'].removeprefix('Value error, ')}") from None
+        flag = "--" + flags.get(str(first["loc"][0]), str(first["loc"][0])).replace("_", "-")
+        raise SproutError(f"{service}: {flag}: {first['msg'].removeprefix('Value error, ')}") from None
 
 
-def _rl_driver_from(args, base: RLDriverService | None) -> RLDriverService | None:
-    """`base` with the --rl-driver-* flags applied (--no-rl-driver: none); the tasks directory is stored
-    resolved."""
-    if args.no_rl_driver:
+def _section_from[S: (ProxyConfig, RLDriverService)](args, model: type[S], base: S | None, removed: bool) -> S | None:
+    """`base` with its --flags applied (`removed`: --no-proxy, --no-rl-driver); the proxy's key variable
+    '' means no key; the RL driver's tasks directory is stored resolved."""
+    if removed:
         return None
-    given = {field: getattr(args, flag) for field, flag in RL_DRIVER_FLAGS.items()
-             if getattr(args, flag) is not None}
+    _, flags = SECTIONS[model]
+    given = {field: getattr(args, flag) for field, flag in flags.items() if getattr(args, flag) is not None}
     if not given:
         return base
+    if "key_env" in given:
+        given["key_env"] = given["key_env"] or None
     if given.get("tasks_dir"):
         given["tasks_dir"] = str(Path(given["tasks_dir"]).expanduser().resolve())
-    return _rl_driver({**(base.model_dump() if base else {}), **given})
+    return _section(model, {**(base.model_dump() if base else {}), **given})
 
 
 def _at_proxy(proxy: ProxyConfig) -> ConfiguredEndpoint:
@@ -119,9 +103,9 @@ def _at_proxy(proxy: ProxyConfig) -> ConfiguredEndpoint:
 def _config_from(args, base: ServicesConfig) -> ServicesConfig:
     values = base.model_dump()
     values["endpoints"] = _endpoints_from(args, base.endpoints)
-    proxy = _proxy_from(args, base.proxy)
+    proxy = _section_from(args, ProxyConfig, base.proxy, args.no_proxy)
     values["proxy"] = proxy
-    values["rl_driver"] = _rl_driver_from(args, base.rl_driver)
+    values["rl_driver"] = _section_from(args, RLDriverService, base.rl_driver, args.no_rl_driver)
     default_given = args.model_endpoint or any(e.partition("=")[0] == "default" for e in args.endpoint or [])
     if proxy and proxy != base.proxy and not default_given:  # the proxy just set up is what the agent calls
         values["endpoints"]["default"] = _at_proxy(proxy)
@@ -357,7 +341,7 @@ def _ask_rl_driver(old: RLDriverService | None) -> RLDriverService | None:
             return None
         path = Path(answer).expanduser().resolve()
         if path.is_dir() or answer == default:  # the configured one is kept even if it is gone (up says so)
-            return _rl_driver({**(old.model_dump() if old else {}), "tasks_dir": str(path)})
+            return _section(RLDriverService, {**(old.model_dump() if old else {}), "tasks_dir": str(path)})
         console.print(f"  {answer!r} is not a directory; try again ('none': no RL driver)", markup=False)
 
 
@@ -371,7 +355,7 @@ def _ask_proxy(old: ProxyConfig | None) -> ProxyConfig:
     key_env = _ask("name of the environment variable holding the provider's key ('none': no key)",
                    (old.key_env or "none") if old else "PROVIDER_API_KEY")
     port = _ask_number("proxy port", old.port if old else 4000, 1, 65535)
-    return _proxy({"model_name": model, "provider_model": provider_model, "port": port,
+    return _section(ProxyConfig, {"model_name": model, "provider_model": provider_model, "port": port,
                    "api_base": "" if api_base == "none" else api_base,
                    "key_env": None if key_env == "none" else key_env})
 

@@ -125,21 +125,25 @@ def endpoint_of(model: ScriptedModelServer) -> str:
 
 
 @pytest.fixture(scope="module")
-def tasks(tmp_path_factory) -> tuple[Path, dict]:
-    """tasks/py-bugfix, prepared with `python -m sprout.rl_driver prepare` (its image built)."""
+def tasks(tmp_path_factory) -> tuple[Path, dict, dict]:
+    """tasks/py-bugfix and tasks/no-reward (the same, with a test.sh that writes no reward), prepared with
+    `python -m sprout.rl_driver prepare` (their image built); their Miles prompt lines."""
     root = tmp_path_factory.mktemp("rl-tasks")
     import shutil
 
     shutil.copytree(FIXTURES / "py-bugfix", root / "tasks" / "py-bugfix")
+    shutil.copytree(FIXTURES / "py-bugfix", root / "tasks" / "no-reward")
+    (root / "tasks/no-reward/tests/test.sh").write_text("#!/bin/bash\necho 'no reward written'\n")
     out = root / "miles.jsonl"
     prepared = subprocess.run([sys.executable, "-m", "sprout.rl_driver", "prepare", "--tasks-dir", root / "tasks",
                                "-o", out], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert prepared.returncode == 0, prepared.stdout + prepared.stderr
-    (line,) = out.read_text().splitlines()
-    prompt = json.loads(line)
-    assert prompt["metadata"]["task_id"] == "py-bugfix" and prompt["metadata"]["image"].startswith("localhost/")
+    prompts = {p["metadata"]["task_id"]: p for p in map(json.loads, out.read_text().splitlines())}
+    assert sorted(prompts) == ["no-reward", "py-bugfix"]
+    prompt = prompts["py-bugfix"]
+    assert prompt["metadata"]["image"].startswith("localhost/")
     assert prompt["prompt"] == [{"role": "user", "content": (root / "tasks/py-bugfix/instruction.md").read_text()}]
-    return root / "tasks", prompt
+    return root / "tasks", prompt, prompts["no-reward"]
 
 
 class DriverProcess:
@@ -279,15 +283,30 @@ def test_truncation_by_max_turns_and_by_wall_time_is_still_graded(driver, tasks)
 
 
 def test_a_failed_actor_is_listed_in_failed_samples(driver, tasks):
-    script = [{"status": 400, "body": "the policy refused", "match": INSTRUCTION}] + first(SUBMIT)
+    refusal = {"status": 400, "body": "the policy refused", "match": INSTRUCTION}
+    script = [refusal, *first(SUBMIT), refusal]  # one of the pair fails, then the one alone
+    client = MilesShapedClient(driver.url)
     with ScriptedModelServer(script, api_key=POLICY_KEY) as model:
         request = group_request(tasks[1], endpoint_of(model), 2, minimum_returned_samples=1)
-        result = MilesShapedClient(driver.url).run_group(request)
+        result = client.run_group(request)
+        alone = client.run_group(group_request(tasks[1], endpoint_of(model), 1))
     assert result["status"] == "early_stopped" and result["actual_samples"] == 1
     (failed,) = result["failed_samples"]
     (trajectory,) = result["trajectories"]
-    assert {failed["sample_slot_id"], trajectory["sample_slot_id"]} == {s["sample_slot_id"] for s in request["sample_slots"]}
+    assert {failed["sample_slot_id"], trajectory["sample_slot_id"]} == {s["sample_slot_id"]
+                                                                        for s in request["sample_slots"]}
     assert "actor failed" in failed["reason"]
+    assert (alone["status"], alone["actual_samples"], len(alone["failed_samples"])) == ("failed", 0, 1)
+    assert "fewer than the minimum 1" in alone["stop_reason"]
+
+
+def test_a_grade_without_a_verdict_sets_zero_reason(driver, tasks):
+    with ScriptedModelServer(first(FIX) + then(SUBMIT), api_key=POLICY_KEY) as model:
+        result = MilesShapedClient(driver.url).run_group(group_request(tasks[2], endpoint_of(model), 1))
+    (trajectory,) = result["trajectories"]
+    assert result["status"] == "completed"
+    assert (trajectory["reward"], trajectory["metadata"]["zero_reason"]) == (0.0, "grade_failed")
+    assert trajectory["metadata"]["grade"]["verdict"] == "error"
 
 
 def journals(data: Path, group_id: str) -> list[Path]:
