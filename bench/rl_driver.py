@@ -1,0 +1,358 @@
+"""Throughput and overhead of Sprout's RL driver: one Miles rollout group of --group-size samples, its
+samples in the driver's own slots (local_slots = group size) and over a Run Store (2 workers x group
+size / 2 slots), each at 0 s and at --latency s per model call, in one run.
+
+    .venv/bin/python bench/rl_driver.py [--group-size 8] [--latency 1.0] [--turns 3] [--store PATH] [--keep]
+
+The task is the py-bugfix fixture, prepared with `python -m sprout.rl_driver prepare` (its image built
+once). The policy is the scripted model: every sample makes exactly --turns model calls, `ls /app` then an
+`echo` of a per-turn marker on calls 1 .. turns-1 (call k is answered by a step matching the marker of
+call k-1's tool result, so concurrent samples cannot take each other's steps) and the submit command on
+the last; the task is not fixed, so every reward is 0. A driver (`python -m sprout.rl_driver serve`)
+runs per placement, and each placement first runs a full group at 0 s that is not reported (a warm-up:
+a worker's first job pays its imports, seconds on a small host; a trainer's driver and workers stay up
+between groups). The client acts as Miles does: POST /rollout-groups, GET every 0.2 s until a terminal
+status, DELETE (which releases the group's checkpoints). A group counts only when it completed with
+every sample making exactly --turns calls; anything else is printed below the table, as are sandboxes or
+checkpoints left in the store.
+
+Reported, per group:
+  wall s             POST sent to the terminal GET answered (client clock).
+  samples/min        returned samples x 60 / wall s.
+  slowest sample s   max over samples of the sample's own work: its rollout (journal outcome.wall_s:
+                     the agent's turns, from after its sandbox is created to its outcome) plus its live
+                     grade (the verifier's duration_s). Read from the driver's ledger: each slot's
+                     budget["sandbox_seconds"] is exactly outcome.wall_s + grade duration_s; the grade
+                     time is that minus the journal's outcome.wall_s (GET answers only the group's sum).
+  overhead ms/sample wall s - slowest sample s, in ms: the latency the driver adds to a sample beyond
+                     its rollout and grade (sandbox creation, waiting for a slot or a worker, Run Store
+                     job submission and polling, trajectory export, the ledger, the client's 0.2 s
+                     polling). The samples run all at once, so this is the critical path's overhead, not
+                     the group's wall time divided among the samples.
+  sandbox s/sample   consumed_budget["sandbox_seconds"] / actual_samples (the driver's accounting:
+                     rollout + grade seconds, sandbox creation not included).
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from sprout.agent.journal import read_journal  # noqa: E402
+from sprout.rl_driver.ledger import Ledger  # noqa: E402
+from sprout.sandbox import Store  # noqa: E402
+from sprout.testing.scripted_model import ScriptedModelServer  # noqa: E402
+
+RUNTIME_BIN = REPO / "runtime" / "sprout-runtime"
+FIXTURE = REPO / "tests" / "fixtures" / "tasks" / "py-bugfix"
+INSTRUCTION = "Fix it so that"  # only in the first call's last message (the task)
+SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+TERMINAL = {"completed", "early_stopped", "failed", "cancelled"}
+POLL_S = 0.2
+WALL_LIMIT_S = 900.0  # the group's budget: far above what a group takes here
+RUNSTORE_VARS = ("SPROUT_RUNSTORE_URL", "SPROUT_RUNSTORE_TOKEN")
+
+
+def marker(k: int) -> str:
+    return f"sprout-bench-turn-{k}."
+
+
+def script(samples: int, turns: int) -> list[dict]:
+    """`samples` x `turns` steps: call k of a sample matches what call k-1 left in its tool result."""
+    steps = []
+    for k in range(1, turns + 1):
+        command = SUBMIT if k == turns else f"ls /app && echo {marker(k)}"
+        match = INSTRUCTION if k == 1 else re.escape(marker(k - 1))
+        steps += [{"thought": f"turn {k}", "command": command, "match": match}] * samples
+    return steps
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(*args: str | Path, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, *map(str, args)], cwd=REPO, capture_output=True, text=True,
+                            env=env or dict(os.environ), timeout=timeout)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, args[:3]))} failed:\n{result.stdout}{result.stderr}")
+    return result
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} not healthy after {timeout:g} s:\n{log.read_text()[-3000:]}")
+
+
+def stop(proc: subprocess.Popen, timeout: float = 120) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@dataclass
+class Row:
+    where: str
+    latency: float
+    samples: int
+    actual: int = 0
+    wall_s: float = math.nan
+    slowest_s: float = math.nan
+    sandbox_s: float = math.nan
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def per_min(self) -> float:
+        return self.actual * 60 / self.wall_s
+
+    @property
+    def overhead_ms(self) -> float:
+        return (self.wall_s - self.slowest_s) * 1000
+
+
+class Placement:
+    """A driver process (and, over a Run Store, the API and two workers) under `root`."""
+
+    def __init__(self, name: str, root: Path, tasks: Path, group_size: int, base_env: dict):
+        self.name, self.root = name, root
+        self.procs: list[subprocess.Popen] = []
+        self.services_dir: Path | None = None
+        self.token = secrets.token_urlsafe(24)
+        root.mkdir(parents=True)
+        config = {"tasks_dir": str(tasks), "data_dir": str(root / "data"), "local_slots": group_size,
+                  "runtime_bin": str(RUNTIME_BIN)}
+        (root / "driver.json").write_text(json.dumps(config))
+        self.ledger = Ledger(f"sqlite:///{root / 'data' / 'driver.sqlite3'}")
+        self.env = {k: v for k, v in base_env.items() if k not in RUNSTORE_VARS} | {
+            "SPROUT_RL_DRIVER_TOKEN": self.token, "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "1",
+            "SPROUT_RUNTIME_BIN": str(RUNTIME_BIN)}
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.http = httpx.Client(base_url=self.url, timeout=30,
+                                 headers={"Authorization": f"Bearer {self.token}"})
+
+    def start(self, group_size: int) -> None:
+        if self.name == "Run Store":
+            self._start_runstore(group_size)
+        log = self.root / "driver.log"
+        with open(log, "ab") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "sprout.rl_driver", "serve", "--config",
+                                     str(self.root / "driver.json"), "--port", str(self.port)],
+                                    cwd=REPO, env=self.env, stdout=out, stderr=out)
+        self.procs.insert(0, proc)  # stopped first
+        wait_healthy(self.url, proc, log)
+
+    def _start_runstore(self, group_size: int) -> None:
+        self.services_dir = self.root / "services"
+        env = self.env | {"SPROUT_CONFIG_DIR": str(self.services_dir)}
+        run("-m", "sprout.services", "init", "--port", str(free_port()), "--slots", "1", env=env)
+        run("-m", "sprout.services", "up", "runstore-api", env=env)
+        exports = {}
+        for line in run("-m", "sprout.services", "env", env=env).stdout.splitlines():
+            for item in shlex.split(line)[1:]:
+                key, _, value = item.partition("=")
+                exports[key] = value
+        self.env |= {k: exports[k] for k in RUNSTORE_VARS}
+        slots = math.ceil(group_size / 2)
+        for i in range(2):
+            with open(self.root / f"worker-{i}.log", "ab") as out:
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "sprout.runstore.worker", "--url", exports["SPROUT_RUNSTORE_URL"],
+                     "--token-file", str(self.services_dir / "secrets" / "worker.token"),
+                     "--slots", str(slots), "--host-id", f"bench-{i}"],
+                    cwd=REPO, env={k: v for k, v in self.env.items() if k not in RUNSTORE_VARS},
+                    stdout=out, stderr=out))
+
+    def close(self) -> list[str]:
+        problems = []
+        self.http.close()
+        for proc in self.procs:
+            stop(proc)
+        self.ledger.engine.dispose()
+        if self.services_dir is not None:
+            env = self.env | {"SPROUT_CONFIG_DIR": str(self.services_dir)}
+            try:
+                run("-m", "sprout.services", "down", env=env, timeout=180)
+            except RuntimeError as e:
+                problems.append(f"services down: {e}")
+        return problems
+
+    def group(self, prompt: dict, endpoint: str, samples: int, turns: int, row: Row) -> None:
+        """POST a group, GET it every POLL_S until terminal, DELETE it; fills `row`."""
+        job = f"bench-{uuid.uuid4().hex}"
+        request = {"rollout_job_id": job, "rollout_id": 1, "prompt_group_id": "0",
+                   "task_id": prompt["metadata"]["task_id"], "image": prompt["metadata"]["image"],
+                   "prompt": prompt["prompt"], "model_endpoint": endpoint, "model": "policy",
+                   "sample_slots": [{"sample_slot_id": f"{job}:slot:{i}", "sample_index": i}
+                                    for i in range(samples)],
+                   "max_samples": samples, "minimum_returned_samples": samples, "max_turns": turns + 2,
+                   "finalization_timeout_seconds": 120.0,
+                   "sampling_params": {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 512},
+                   "budgets": {"max_wall_time_seconds": WALL_LIMIT_S}}
+        posted = False
+        try:
+            started = time.monotonic()
+            response = self.http.post("/rollout-groups", json=request)
+            if response.status_code != 202:
+                raise RuntimeError(f"POST: {response.status_code} {response.text[:500]}")
+            posted = True
+            while True:
+                response = self.http.get(f"/rollout-groups/{job}")
+                if response.status_code != 200:
+                    raise RuntimeError(f"GET: {response.status_code} {response.text[:500]}")
+                result = response.json()
+                if result["status"] in TERMINAL:
+                    break
+                if time.monotonic() - started > WALL_LIMIT_S + 180:
+                    raise RuntimeError("the group outlived its wall time and finalization")
+                time.sleep(POLL_S)
+            row.wall_s = time.monotonic() - started
+            ledger = self.ledger.group(job)  # read before DELETE forgets it
+        finally:
+            if posted:
+                deleted = self.http.delete(f"/rollout-groups/{job}")
+                if deleted.status_code != 200:
+                    row.problems.append(f"DELETE: {deleted.status_code} {deleted.text[:200]}")
+        row.actual = result["actual_samples"]
+        row.sandbox_s = result["consumed_budget"]["sandbox_seconds"] / max(row.actual, 1)
+        if result["status"] != "completed":
+            row.problems.append(f"status {result['status']}: {result.get('stop_reason')}")
+        row.problems += [f"{f['sample_slot_id']}: {f['reason']}" for f in result["failed_samples"]]
+        calls = result["consumed_budget"]["model_calls"]
+        if calls != samples * turns:
+            row.problems.append(f"{calls} model calls, expected {samples} x {turns}")
+        work = []
+        journals = {t["sample_slot_id"]: t["metadata"]["journal"] for t in result["trajectories"]}
+        for slot in ledger.slots if ledger else []:
+            if slot.slot_id not in journals:
+                continue
+            journal = read_journal(Path(journals[slot.slot_id]))
+            exit_status = journal.outcome.exit_status if journal.outcome else None
+            if len(journal.turns) != turns or exit_status != "Submitted":
+                row.problems.append(f"{slot.slot_id}: {len(journal.turns)} turns, {exit_status}")
+            work.append(slot.budget.get("sandbox_seconds", math.nan))
+        row.slowest_s = max(work, default=math.nan)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--group-size", type=int, default=8, help="samples per group (default 8)")
+    p.add_argument("--latency", type=float, default=1.0, help="seconds per model call, with 0 (default 1.0)")
+    p.add_argument("--turns", type=int, default=3, help="model calls per sample (default 3)")
+    p.add_argument("--store", type=Path, help="btrfs store (default: $SPROUT_STORE or ~/sprout-btrfs)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, journals)")
+    args = p.parse_args()
+    if args.group_size < 1 or args.turns < 1 or args.latency < 0:
+        p.error("--group-size and --turns must be at least 1, --latency not negative")
+    if args.store is not None:
+        os.environ["SPROUT_STORE"] = str(args.store.expanduser().resolve())
+    console = Console(width=None if sys.stdout.isatty() else 140)
+    store = Store(runtime_bin=RUNTIME_BIN)
+    before = {s.id for s in store.sandboxes()}
+    checkpoints = {c.id for c in store.checkpoints()}
+    root = Path(tempfile.mkdtemp(prefix="sprout-bench-rl-"))
+    rows: list[Row] = []
+    problems: list[str] = []
+    try:
+        shutil.copytree(FIXTURE, root / "tasks" / "py-bugfix")
+        console.print(f"preparing py-bugfix in {os.environ.get('SPROUT_STORE', store.root)} ...")
+        run("-m", "sprout.rl_driver", "prepare", "--tasks-dir", root / "tasks", "-o", root / "miles.jsonl")
+        (line,) = (root / "miles.jsonl").read_text().splitlines()
+        prompt = json.loads(line)
+        for where in ("local", "Run Store"):
+            placement = Placement(where, root / where.replace(" ", "-").lower(), root / "tasks",
+                                  args.group_size, dict(os.environ))
+            try:
+                placement.start(args.group_size)
+                console.print(f"{where}: a warm-up group of {args.group_size} at 0 s per call ...")
+                with ScriptedModelServer(script(args.group_size, args.turns)) as model:
+                    warmup = Row(where, 0.0, args.group_size)
+                    placement.group(prompt, model.base_url.removesuffix("/v1"), args.group_size, args.turns,
+                                    warmup)
+                    problems += [f"{where} warm-up: {p}" for p in warmup.problems]
+                for latency in (0.0, args.latency):
+                    row = Row(where, latency, args.group_size)
+                    console.print(f"{where}, {latency:g} s per call: a group of {args.group_size} ...")
+                    with ScriptedModelServer(script(args.group_size, args.turns), delay_s=latency) as model:
+                        try:
+                            placement.group(prompt, model.base_url.removesuffix("/v1"), args.group_size,
+                                            args.turns, row)
+                        except Exception as e:  # noqa: BLE001 - reported with the table
+                            row.problems.append(f"{type(e).__name__}: {e}")
+                        if len(model.remaining):
+                            row.problems.append(f"{len(model.remaining)} scripted steps unused")
+                    rows.append(row)
+                    problems += [f"{where}, {latency:g} s: {p}" for p in row.problems]
+            finally:
+                problems += [f"{where}: {p}" for p in placement.close()]
+    finally:
+        if args.keep:
+            console.print(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    title = (f"Sprout RL driver, a group of {args.group_size} samples x {args.turns} model calls "
+             f"(local: {args.group_size} slots; Run Store: 2 workers x {math.ceil(args.group_size / 2)} "
+             "slots)")
+    table = Table("where", "latency", "samples", "wall s", "samples/min", "overhead ms/sample",
+                  "sandbox s/sample", "slowest sample s", title=title)
+    for row in rows:
+        table.add_row(row.where, f"{row.latency:g} s", f"{row.actual}/{row.samples}", f"{row.wall_s:.1f}",
+                      f"{row.per_min:.1f}", f"{row.overhead_ms:.0f}", f"{row.sandbox_s:.1f}",
+                      f"{row.slowest_s:.1f}")
+    console.print(table)
+    by = {(r.where, r.latency): r for r in rows}
+    ratios = [f"{latency:g} s: {by[('local', latency)].per_min / by[('Run Store', latency)].per_min:.2f}x"
+              for latency in (0.0, args.latency) if ('local', latency) in by and ('Run Store', latency) in by]
+    console.print(f"samples/min, local / Run Store: {', '.join(ratios)}")
+    deadline = time.monotonic() + 10
+    while (left := [s for s in store.sandboxes() if s.id not in before]) and time.monotonic() < deadline:
+        time.sleep(1)
+    if left:
+        names = [f"{s.id} ({s.label}, made {time.strftime('%H:%M:%S', time.localtime(s.created))})"
+                 for s in left]
+        problems.append(f"{len(left)} sandboxes left in the store (or made meanwhile by another process): "
+                        f"{', '.join(names)}")
+    kept = [c.id for c in store.checkpoints() if c.id not in checkpoints]
+    if kept:
+        problems.append(f"{len(kept)} checkpoints left in the store (or made meanwhile by another process)")
+    for problem in problems:
+        console.print(f"[red]problem:[/red] {problem}", markup=True, highlight=False)
+
+
+if __name__ == "__main__":
+    main()
