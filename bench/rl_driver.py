@@ -192,7 +192,7 @@ class Placement:
         for i in range(2):
             with open(self.root / f"worker-{i}.log", "ab") as out:
                 self.procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "sprout.runstore.worker", "--url", exports["SPROUT_RUNSTORE_URL"],
+                    [sys.executable, "-m", "sprout.worker", "serve", "--url", exports["SPROUT_RUNSTORE_URL"],
                      "--token-file", str(self.services_dir / "secrets" / "worker.token"),
                      "--slots", str(slots), "--host-id", f"bench-{i}"],
                     cwd=REPO, env={k: v for k, v in self.env.items() if k not in RUNSTORE_VARS},

@@ -42,8 +42,8 @@ from ..sandbox import Store, trust
 from ..sandbox.errors import SproutError
 from ..tasks import ensure_image, load_task
 from ..tasks.pull import PULL_HELP, PULL_POLICIES
+from ..worker.remote import RunStoreBackend, configured_client
 from .provenance import check_pinning, check_source
-from .remote import RunStoreBackend, configured_client
 from .summary import SUMMARY, EvaluationConfig, EvaluationSummary, ImageInfo, read_summary, write_summary
 
 DEFAULTS = {"rounds": 2, "branches": [4, 3], "step_limit": 50, "token_limit": 2_000_000, "command_timeout": 120,

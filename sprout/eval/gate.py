@@ -29,7 +29,8 @@ from ..tasks import load_tasks, task_name
 from ..tasks.dataset import TaskIds, TaskIdsFile, describe, load_task_ids
 from ..tasks.gate import Attempt, TaskGate, gate_task
 from ..tasks.pull import PULL_HELP, PULL_POLICIES, PullPolicy, pull_policy
-from .remote import configured_client, run_job
+from ..worker.jobs import GatePayload
+from ..worker.remote import configured_client, run_job
 
 
 class GateSummary(BaseModel):
@@ -88,9 +89,9 @@ def run_gate(tasks_dir: Path, output: Path, *, workers: int, only: list[str] | N
         try:
             if client is not None:
                 on_phase("queued as a Run Store job")
-                result = run_job(client, "gate", {"task_dir": str(Path(task.task_dir).resolve()),
-                                                  "log_dir": str((output / task_name(task)).resolve()),
-                                                  "rebuild_before": rebuild_before, "pull": pull}, group_id=group_id)
+                payload = GatePayload(task_dir=str(Path(task.task_dir).resolve()), pull=pull,
+                                      log_dir=str((output / task_name(task)).resolve()), rebuild_before=rebuild_before)
+                result = run_job(client, payload, group_id=group_id)
                 return TaskGate.model_validate(result)
             store = Store(store_root, runtime_bin=runtime_bin)  # one per thread: its SQLite connection too
             return asyncio.run(gate_task(store, task, output / task_name(task), rebuild_before=rebuild_before,

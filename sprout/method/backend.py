@@ -1,5 +1,5 @@
 """Where the method's work runs. `LocalBackend` runs rollouts, grades and reviews in this process;
-`sprout.eval.remote.RunStoreBackend` submits them as Run Store jobs that workers run with the same
+`sprout.worker.remote.RunStoreBackend` submits them as Run Store jobs that workers run with the same
 functions. Both take and return the same records, so the method and its summary cannot tell them apart.
 A rollout whose `stop` event is set ends with RolloutCancelled, its sandbox, checkpoints and journal
 discarded (by this process, or by the worker once the cancelled job's heartbeat stops it), ungraded.

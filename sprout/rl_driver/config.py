@@ -53,7 +53,7 @@ class DriverConfig(_Config):
     local_slots: int = Field(4, ge=1)  # samples run at once in this process (without a Run Store)
     runstore_url: str | None = None  # default $SPROUT_RUNSTORE_URL; with a token, samples run as Run Store jobs
     runstore_token_env: str = "SPROUT_RUNSTORE_TOKEN"
-    poll_interval_s: float = Field(1.0, gt=0)  # how often Run Store jobs are checked
+    poll_interval_s: float = Field(1.0, gt=0)  # the longest wait for a Run Store job's events (a stop acts then)
     runtime_bin: Path | None = None  # the confined runtime's binary (default $SPROUT_RUNTIME_BIN)
     pull: PullPolicy | None = None
     command_timeout_s: int = Field(120, ge=1)

@@ -95,17 +95,17 @@ class RunStoreSamples:
     """Samples as Run Store rollout jobs; a restarted driver finds a slot's job again by its
     idempotency key instead of submitting a second one."""
 
-    def __init__(self, client, poll_s: float):
-        self.client, self.poll_s = client, poll_s
+    def __init__(self, client, wait_s: float):
+        self.client, self.wait_s = client, wait_s
 
     def run(self, plan: SamplePlan, stop: threading.Event, on_job: Callable[[int], None]) -> RolloutDone:
-        from ..eval.remote import rollout_done, rollout_payload, submit_job, wait_job
+        from ..worker.remote import rollout_done, rollout_payload, submit_job, wait_job
 
         payload = rollout_payload(plan.rollout_request(), plan.task_dir, deadline_unix=plan.deadline_unix)
-        job = submit_job(self.client, "rollout", payload, group_id=plan.group_id[:200],
+        job = submit_job(self.client, payload, group_id=plan.group_id[:200],
                          idempotency_key=f"{plan.attempt}-{int(plan.deadline_unix * 1000)}")
         on_job(job.id)
-        return rollout_done(wait_job(self.client, job, poll_s=self.poll_s, stop=stop))
+        return rollout_done(wait_job(self.client, job, wait_s=self.wait_s, stop=stop))
 
 
 def policy_endpoint(url: str, key_env: str | None) -> Endpoint:

@@ -1,14 +1,14 @@
-"""The Run Store: jobs (rollout, grade, review, gate) that workers on many hosts claim under leases.
+"""The Run Store: the queue of jobs that workers on many hosts claim under leases.
 
 * ``store.RunStore``: the store itself, over SQLite or PostgreSQL (needs the ``runstore`` extra).
 * ``api.create_app``: its HTTP API; ``python -m sprout.runstore.api`` serves it.
 * ``client.RunStoreClient``: the HTTP client, with the store's methods and models.
+* ``kinds``: the registry of job kinds and their payload models.
 
-* ``worker``: the worker; ``handlers`` runs each job kind with the sandbox, agent, tasks and method
-  layers, ``shipping`` moves checkpoints between worker hosts.
-
+The queue knows nothing of agents or tasks: the jobs themselves (rollout, grade, review, gate), their
+handlers, the worker loop and checkpoint shipping are the job side, in ``sprout.worker``.
 Importing the package loads only the models, the errors and the kinds registry (nothing else of
-Sprout); the store, API, client and worker are imported from their modules.
+Sprout); the store, API and client are imported from their modules.
 """
 
 from .errors import (

@@ -11,6 +11,7 @@ into the classes of ``sprout.runstore.errors``.
 
 import argparse
 import asyncio
+import importlib
 import logging
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -284,6 +285,11 @@ def main(argv: list[str] | None = None) -> int:
         help="model endpoint names the workers have configured (services.json); jobs may name only these",
     )
     parser.add_argument(
+        "--kinds", default="sprout.worker.jobs", metavar="MODULE,...",
+        help="modules that register the job kinds the API accepts (default sprout.worker.jobs: rollout, "
+        "grade, review, gate)",
+    )
+    parser.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
     parser.add_argument(
@@ -293,6 +299,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"largest request body accepted; bigger ones get 413 (default {DEFAULT_MAX_BODY_BYTES})",
     )
     args = parser.parse_args(argv)
+    try:
+        for module in filter(None, args.kinds.split(",")):
+            importlib.import_module(module)
+    except ImportError as exc:
+        print(f"error: --kinds: cannot import {exc.name}", file=sys.stderr)
+        return 2
     try:
         tokens = load_tokens(args.tokens)
         store = RunStore(args.db, endpoints=[n for n in args.endpoints.split(",") if n])

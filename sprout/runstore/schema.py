@@ -55,7 +55,7 @@ events = Table(
     Column("data", Text, nullable=False),
 )
 
-# Worker hosts and where each serves its store's checkpoints to the others (sprout.runstore.shipping).
+# Worker hosts and where each serves its store's checkpoints to the others (sprout.worker.shipping).
 hosts = Table(
     "hosts",
     metadata,

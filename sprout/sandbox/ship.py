@@ -4,7 +4,7 @@ A checkpoint is sent with `-p` against its newest ancestor (parent chain, then i
 receiving store already holds, so usually only the turn's changed blocks travel (~13 ms for a 1 MiB
 delta, against seconds for a full rootfs). The image a checkpoint needs is shipped first when the
 receiver lacks it. `receive(dst, source, id)` pulls from any `ShipSource`: `StoreSource` is another
-store on this machine (`ship` joins the two), sprout.runstore.shipping serves a store over HTTP to
+store on this machine (`ship` joins the two), sprout.worker.shipping serves a store over HTTP to
 other hosts.
 """
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 
 from ..runstore.endpoints import ENDPOINTS_ENV, render_endpoints
-from ..runstore.worker import STOP_GRACE_S
+from ..worker.serve import STOP_GRACE_S
 from .config import (
     PROXY_KEY_ENV,
     RL_DRIVER_CONFIG,
@@ -69,7 +69,7 @@ def command(name: str, config: ServicesConfig, directory: Path) -> list[str]:
                 "--port", str(config.runstore_port), "--tokens", str(directory / "secrets" / "tokens.json"),
                 "--log-level", "warning", *(["--endpoints", ",".join(config.endpoints)] if config.endpoints else [])]
     if name == "runstore-worker":
-        return [py, "-m", "sprout.runstore.worker", "--url", config.url, "--token-file",
+        return [py, "-m", "sprout.worker", "serve", "--url", config.url, "--token-file",
                 str(directory / "secrets" / "worker.token"), "--slots", str(config.worker_slots),
                 "--drain-timeout", str(config.worker_drain_s), "--host-id",
                 config.worker_host_id, "--alive-file", str(directory / "run" / "runstore-worker.alive"),

@@ -1,10 +1,11 @@
-"""python -m sprout.worker: `doctor` checks the host; `run` runs the agent with a checkpoint per turn."""
+"""python -m sprout.worker: what a worker host does. `doctor` checks the host; `run` runs the agent with a
+checkpoint per turn; `serve` claims and runs Run Store jobs (`python -m sprout.worker serve --help`)."""
 
 import argparse
 import json
 from pathlib import Path
 
-from ..console import console, run_parser
+from ..console import console, run_cli
 from . import doctor
 from . import run as run_command
 
@@ -29,8 +30,19 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_doctor)
     run_command.add_parser(sub)
+    sub.add_parser("serve", help="claim and run Run Store jobs (rollout, grade, review, gate) on this host",
+                   add_help=False)  # its own parser: sprout.worker.serve
     return p
 
 
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["serve"]:
+        from . import serve
+
+        return serve.main(argv[1:])
+    parsed = parser().parse_args(argv)
+    return parsed.func(parsed)
+
+
 if __name__ == "__main__":
-    run_parser(parser)
+    run_cli(main)

@@ -8,12 +8,13 @@ import pytest
 
 from sprout.eval.evaluate import endpoints
 from sprout.eval.evaluate import parser as evaluate_parser
-from sprout.eval.remote import endpoint_ref
 from sprout.eval.results import find_summaries
 from sprout.eval.summary import read_summary
 from sprout.runstore.client import RunStoreClient
+from sprout.runstore.endpoints import EndpointRef
 from sprout.sandbox.errors import SproutError
 from sprout.testing.scripted_model import ScriptedModelServer
+from sprout.worker.remote import endpoint_ref
 from tests.method.conftest import KEY_ENV, evaluate_args, run_module
 from tests.method.test_benchmark import SOLVE
 from tests.method.test_evaluate import BRANCH, FIRST, REVIEW
@@ -109,10 +110,10 @@ def test_over_a_run_store_jobs_name_a_workers_endpoint_or_a_keyless_url():
         return evaluate_parser().parse_args(["--task-dir", "t", "--output", "o", *flags, *extra])
 
     agent, reviewer = endpoints(parse(), remote=True)
-    assert endpoint_ref(agent) == endpoint_ref(reviewer) == {"name": "default"}
+    assert endpoint_ref(agent) == endpoint_ref(reviewer) == EndpointRef(name="default")
     agent, reviewer = endpoints(parse("--model-endpoint", "http://h:1/v1/", "--review-endpoint-name", "big"),
                                 remote=True)
-    assert (endpoint_ref(agent), endpoint_ref(reviewer)) == ({"url": "http://h:1/v1"}, {"name": "big"})
+    assert (endpoint_ref(agent), endpoint_ref(reviewer)) == (EndpointRef(url="http://h:1/v1"), EndpointRef(name="big"))
     with pytest.raises(SproutError, match="--model-key-env does not apply over a Run Store"):
         endpoints(parse("--model-endpoint", "http://h:1/v1", "--model-key-env", KEY_ENV), remote=True)
     with pytest.raises(SproutError, match="not both"):

@@ -215,7 +215,7 @@ def test_over_a_run_store_the_branches_run_on_free_workers(dataset, outputs, tmp
         exports = dict(item.split("=", 1) for item in services(config, "env").stdout.split()[1:])
         for _ in range(2):
             workers.append(subprocess.Popen(
-                [sys.executable, "-m", "sprout.runstore.worker", "--url", exports["SPROUT_RUNSTORE_URL"],
+                [sys.executable, "-m", "sprout.worker", "serve", "--url", exports["SPROUT_RUNSTORE_URL"],
                  "--token-file", str(config / "secrets" / "worker.token"), "--slots", "2"],
                 cwd=REPO, env={**os.environ, "SPROUT_RUNTIME_BIN": str(RUNTIME_BIN)},
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))

@@ -370,7 +370,7 @@ def test_over_a_run_store_a_worker_killed_mid_group_still_yields_the_group(tasks
 
     def worker() -> subprocess.Popen:
         return subprocess.Popen(
-            [sys.executable, "-m", "sprout.runstore.worker", "--url", exports["SPROUT_RUNSTORE_URL"],
+            [sys.executable, "-m", "sprout.worker", "serve", "--url", exports["SPROUT_RUNSTORE_URL"],
              "--token-file", str(cfg / "secrets" / "worker.token"), "--slots", "2", "--lease", "6"],
             cwd=REPO, env={**os.environ, "SPROUT_RUNTIME_BIN": str(RUNTIME_BIN),
                            "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "1"},

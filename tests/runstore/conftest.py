@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from sqlalchemy import create_engine, make_url, text
 
+import sprout.worker.jobs  # noqa: F401  (registers the job kinds these tests submit)
 from sprout.runstore.store import RunStore
 
 PG_ENV = "SPROUT_TEST_POSTGRES_URL"

@@ -64,7 +64,7 @@ def live(tmp_path_factory) -> Iterator[Live]:
             log = tmp / "worker.log"
             with log.open("w") as out:
                 processes.append(subprocess.Popen(
-                    [sys.executable, "-m", "sprout.runstore.worker", "--url", url, "--token-file",
+                    [sys.executable, "-m", "sprout.worker", "serve", "--url", url, "--token-file",
                      str(tmp / "worker.token"), "--kinds", "review", "--host-id", "endpoint-test"],
                     cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT))
             yield Live(url, RunStoreClient(url, tokens[Scope.SUBMITTER]), tokens[Scope.SUBMITTER], keyed, plain, log)

@@ -16,11 +16,11 @@ from sprout.agent.runner import RolloutSpec, run_rollout
 from sprout.runstore.api import create_app
 from sprout.runstore.auth import Scope, hash_token, new_token
 from sprout.runstore.client import RunStoreClient
-from sprout.runstore.shipping import HttpSource
 from sprout.runstore.store import RunStore
 from sprout.sandbox import Store
 from sprout.sandbox.errors import SproutError
 from sprout.testing.scripted_model import ScriptedModelServer
+from sprout.worker.shipping import HttpSource
 from tests.conftest import PYTHON_IMAGE, REPO, RUNTIME_BIN
 from tests.runstore.test_api import serve
 
@@ -34,7 +34,7 @@ BRANCHES = [{"thought": "look", "command": "cat /root/f; ls /root"}, {"thought":
 
 def start_worker(url: str, token_file: Path, host: str, store: Path, *flags: str) -> subprocess.Popen:
     env = {**os.environ, KEY_ENV: "sk-test", "SPROUT_STORE": str(store), "SPROUT_RUNTIME_BIN": str(RUNTIME_BIN)}
-    return subprocess.Popen([sys.executable, "-m", "sprout.runstore.worker", "--url", url, "--token-file",
+    return subprocess.Popen([sys.executable, "-m", "sprout.worker", "serve", "--url", url, "--token-file",
                              str(token_file), "--host-id", host, "--lease", "30", *flags], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

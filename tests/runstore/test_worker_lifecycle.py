@@ -36,7 +36,7 @@ class Live:
 
     def worker(self, *args: str) -> subprocess.Popen:
         log = open(self.tmp / f"worker-{len(self.workers)}.log", "wb")  # noqa: SIM115 - the process keeps it
-        proc = subprocess.Popen([sys.executable, "-m", "sprout.runstore.worker", "--url", self.url,
+        proc = subprocess.Popen([sys.executable, "-m", "sprout.worker", "serve", "--url", self.url,
                                  "--token-file", str(self.tmp / "worker.token"), "--lease", "3", *args],
                                 cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                 env={**os.environ, "SPROUT_RUNTIME_BIN": str(RUNTIME_BIN)})

@@ -1,6 +1,6 @@
-"""The Run Store worker: claims jobs for its host and capacity, runs them, heartbeats, reports.
+"""The Run Store worker loop: claims jobs for its host and capacity, runs them, heartbeats, reports.
 
-    python -m sprout.runstore.worker --slots 2 [--host-id NAME] [--kinds rollout,grade]
+    python -m sprout.worker serve --slots 2 [--host-id NAME] [--kinds rollout,grade]
 
 URL and token come from SPROUT_RUNSTORE_URL / SPROUT_RUNSTORE_TOKEN (what `services env` exports) or
 --url / --token-file. On start it reaps what a killed worker left on this host (sandboxes and
@@ -12,7 +12,7 @@ is lost (seen by the next heartbeat: every lease/6 seconds, at most 2 s apart) i
 way. Connection errors (an API restart) are retried: claims by the loop, heartbeats and results by the
 client. With --ship-listen it serves this host's checkpoints to other workers; a job claimed here whose
 checkpoint is on another host (claimed past its affinity timeout) has that checkpoint shipped here first
-(sprout.runstore.shipping).
+(sprout.worker.shipping).
 """
 
 import argparse
@@ -30,9 +30,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .client import RunStoreClient
-from .errors import LeaseLost, RunStoreError
-from .models import Claim
+from ..runstore.client import RunStoreClient
+from ..runstore.errors import LeaseLost, RunStoreError
+from ..runstore.models import Claim
 
 Handler = Callable[[Claim, threading.Event], Any]  # the event is set when the job must stop
 Fetch = Callable[[Claim], dict[str, Any] | None]  # brings a job's checkpoint here; says what moved
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     from .handlers import default_handlers, store_from_env
     from .shipping import ShipServer, fetch_checkpoint
 
-    p = argparse.ArgumentParser(prog="python -m sprout.runstore.worker", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m sprout.worker serve", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", default=os.environ.get("SPROUT_RUNSTORE_URL"), help="Run Store API URL")
     p.add_argument("--token-file", type=Path, help="file holding a worker token (default $SPROUT_RUNSTORE_TOKEN)")
@@ -251,8 +251,3 @@ def main(argv: list[str] | None = None) -> int:
         if server is not None:
             server.stop()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-

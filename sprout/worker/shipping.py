@@ -28,12 +28,12 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 
+from ..runstore.client import RunStoreClient
+from ..runstore.errors import HostNotFound
+from ..runstore.models import Claim
 from ..sandbox import Store
 from ..sandbox.errors import CommandError, ImageNotFound, SproutError
 from ..sandbox.ship import CHUNK, CheckpointMeta, ImageMeta, Kind, StoreSource, holds, receive
-from .client import RunStoreClient
-from .errors import HostNotFound
-from .models import Claim
 
 log = logging.getLogger("sprout.shipping")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")  # ids and image keys; never a path

@@ -14,7 +14,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .models import Claim
+from ..runstore.models import Claim
+from .jobs import GatePayload, GradePayload, ReviewPayload, RolloutOptions, RolloutPayload
 
 DEFAULT_IMAGE = "docker.io/library/python:3.11-slim"
 
@@ -31,20 +32,16 @@ def store_from_env(claim: Claim | None = None):
 
 
 def rollout(claim: Claim, stop: threading.Event) -> dict[str, Any]:
-    """payload: task, image, model, turn, note; options (sprout.runstore.kinds.RolloutOptions): endpoint
-    (a name configured on this worker, or a plain URL called with no key), journal, cwd, from_journal,
-    task_dir (a fresh start is made in the task's sandbox, as Harbor starts it), grade_trial_dir (grade
-    the attempt live in its own sandbox at its end, here; the result then has "grade"), label,
-    step_limit, token_limit, wall_time_s or deadline_unix, command_timeout_s, model_class, sampling."""
+    """A rollout (sprout.worker.jobs.RolloutPayload): a fresh start in the task's sandbox or a branch,
+    graded live at its end when the options name a trial directory (the result then has "grade")."""
     from ..agent.journal import read_journal
     from ..agent.runner import RolloutCancelled, RolloutSpec, run_rollout
     from ..method.backend import LiveGrader
     from ..method.executor import discard
     from ..tasks import load_task, start_task_sandbox
-    from .kinds import RolloutOptions
 
-    payload = claim.job.payload
-    options = RolloutOptions.model_validate(payload.get("options", {}))
+    payload = RolloutPayload.model_validate(claim.job.payload)
+    options = payload.options
     journal = Path(options.journal)
     store = store_from_env(claim)
     task = load_task(Path(options.task_dir)) if options.task_dir else None
@@ -57,10 +54,10 @@ def rollout(claim: Claim, stop: threading.Event) -> dict[str, Any]:
                                                           "wall_time_s", "command_timeout_s"}).items() if v is not None}
     if options.deadline_unix is not None:
         limits["wall_time_s"] = _seconds_until(options.deadline_unix)
-    spec = RolloutSpec(task=payload["task"], model=payload["model"], endpoint=_endpoint(options.endpoint),
-                       journal=journal, image=payload.get("image") or DEFAULT_IMAGE, cwd=options.cwd,
+    spec = RolloutSpec(task=payload.task, model=payload.model or "default", endpoint=_endpoint(options.endpoint),
+                       journal=journal, image=payload.image or DEFAULT_IMAGE, cwd=options.cwd,
                        from_journal=Path(options.from_journal) if options.from_journal else None,
-                       from_turn=payload.get("turn"), note=payload.get("note"), sampling=options.sampling, **limits)
+                       from_turn=payload.turn, note=payload.note, sampling=options.sampling, **limits)
     sandbox, grader = None, None
     if spec.from_journal is None and task is not None:
         sandbox = start_task_sandbox(store, task, options.label or f"job-{claim.job.id}")
@@ -90,7 +87,7 @@ def _seconds_until(deadline_unix: float) -> int:
     return math.ceil(left)
 
 
-def _finished_rollout(store, previous, options, task, host: str) -> dict[str, Any]:
+def _finished_rollout(store, previous, options: RolloutOptions, task, host: str) -> dict[str, Any]:
     """The result of a rollout a dead worker finished but did not report; asked for a grade, its final
     checkpoint is graded in a branch (the live sandbox is gone)."""
     from ..tasks import grade as grade_checkpoint
@@ -108,7 +105,7 @@ def _finished_rollout(store, previous, options, task, host: str) -> dict[str, An
 def _endpoint(ref: Any):
     """The model endpoint a job names: one configured on this worker (its URL and key from this
     worker's $SPROUT_ENDPOINTS), or a plain URL called with no key (sprout.runstore.endpoints)."""
-    from .endpoints import resolve
+    from ..runstore.endpoints import resolve
 
     return resolve(ref)
 
@@ -124,51 +121,45 @@ def _rollout_result(outcome: Any, journal: Path, checkpoints: list[str], host: s
 
 
 def grade(claim: Claim, _stop: threading.Event) -> dict[str, Any]:
-    """payload: checkpoint_id, task_dir, trial_dir (where the verifier's files go; default: a temporary
-    directory); the checkpoint must be in this host's store."""
+    """A grade of a checkpoint in this host's store (sprout.worker.jobs.GradePayload), in a branch."""
     from ..tasks import grade as grade_checkpoint
     from ..tasks import load_task
 
     store = store_from_env(claim)
-    payload = claim.job.payload
-    trial_dir = Path(payload["trial_dir"]) if payload.get("trial_dir") else None
-    result = grade_checkpoint(store, store.checkpoint(payload["checkpoint_id"]),
-                              load_task(Path(payload["task_dir"])), trial_dir=trial_dir)
+    payload = GradePayload.model_validate(claim.job.payload)
+    result = grade_checkpoint(store, store.checkpoint(payload.checkpoint_id), load_task(Path(payload.task_dir)),
+                              trial_dir=Path(payload.trial_dir) if payload.trial_dir else None)
     return result.model_dump(mode="json")
 
 
 def review(claim: Claim, _stop: threading.Event) -> dict[str, Any]:
-    """payload: reviewer (sprout.runstore.kinds.ReviewerSpec), input (ReviewInput), review_id, round,
-    reviewed."""
+    """A review of a failed trajectory (sprout.worker.jobs.ReviewPayload)."""
     from pydantic import TypeAdapter
 
     from ..method.review import ReviewerConfig, ReviewInput
     from ..method.review import review as run_review
-    from .kinds import ReviewerSpec
 
-    payload = claim.job.payload
-    reviewer = ReviewerSpec.model_validate(payload["reviewer"])
-    config = ReviewerConfig(endpoint=_endpoint(reviewer.endpoint),
-                            **reviewer.model_dump(exclude={"endpoint"}))
-    record = run_review(config, TypeAdapter(ReviewInput).validate_python(payload["input"]),
-                        review_id=payload["review_id"], round_number=payload["round"],
-                        reviewed=payload["reviewed"])
+    payload = ReviewPayload.model_validate(claim.job.payload)
+    reviewer = payload.reviewer
+    config = ReviewerConfig(endpoint=_endpoint(reviewer.endpoint), **reviewer.model_dump(exclude={"endpoint"}))
+    record = run_review(config, TypeAdapter(ReviewInput).validate_python(payload.input), review_id=payload.review_id,
+                        round_number=payload.round, reviewed=payload.reviewed)
     return record.model_dump(mode="json")
 
 
 def gate(claim: Claim, _stop: threading.Event) -> dict[str, Any]:
-    """payload: task_dir, log_dir (both on a filesystem this host shares with the submitter), rebuild_before,
-    pull (the pull policy; default: this worker's $SPROUT_PULL_POLICY, else missing)."""
+    """The gate of one task (sprout.worker.jobs.GatePayload); its paths on a filesystem this host shares
+    with the submitter; the pull policy by default this worker's $SPROUT_PULL_POLICY, else missing."""
     import asyncio
     import tempfile
 
     from ..tasks import load_task
     from ..tasks.gate import gate_task
 
-    payload = claim.job.payload
-    log_dir = Path(payload.get("log_dir") or tempfile.mkdtemp(prefix="sprout-gate-"))
-    result = asyncio.run(gate_task(store_from_env(claim), load_task(Path(payload["task_dir"])), log_dir,
-                                   rebuild_before=payload.get("rebuild_before"), pull=payload.get("pull")))
+    payload = GatePayload.model_validate(claim.job.payload)
+    log_dir = Path(payload.log_dir or tempfile.mkdtemp(prefix="sprout-gate-"))
+    result = asyncio.run(gate_task(store_from_env(claim), load_task(Path(payload.task_dir)), log_dir,
+                                   rebuild_before=payload.rebuild_before, pull=payload.pull))
     return result.model_dump(mode="json")
 
 

@@ -26,18 +26,23 @@ from ..agent.runner import RolloutCancelled, TurnEvent
 from ..method.backend import RolloutDone, RolloutRequest
 from ..method.records import ReviewRecord
 from ..method.review import ReviewerConfig, ReviewInput
+from ..runstore.endpoints import EndpointRef
 from ..runstore.errors import RunStoreError
+from ..runstore.kinds import Payload
+from ..runstore.models import Job
 from ..sandbox.errors import SproutError
 from ..tasks import GradeResult
+from .jobs import GradePayload, ReviewerSpec, ReviewPayload, RolloutOptions, RolloutPayload, kind_of
 
 TERMINAL = ("succeeded", "failed", "cancelled")
+WAIT_S = 1.0  # one long-poll of a job's group events: a stop is acted on within this
 REVIEW_INPUT = TypeAdapter(ReviewInput)
 
 
-def endpoint_ref(endpoint: Endpoint) -> dict[str, str]:
+def endpoint_ref(endpoint: Endpoint) -> EndpointRef:
     """How a job names `endpoint`: by name (a workers' configured endpoint, whose URL and key are the
     workers'), else by its plain URL, which workers call with no key. Never a key or a key variable."""
-    return {"name": endpoint.name} if endpoint.name else {"url": endpoint.url}
+    return EndpointRef(name=endpoint.name) if endpoint.name else EndpointRef(url=endpoint.url)
 
 
 def configured_client():
@@ -49,40 +54,44 @@ def configured_client():
     return RunStoreClient.from_env()
 
 
-def run_job(client, kind: str, payload: dict[str, Any], *, group_id: str, poll_s: float = 0.5,
-            timeout_s: float | None = None, on_poll: Callable[[], None] | None = None,
-            stop: threading.Event | None = None, **opts: Any) -> Any:
+def run_job(client, payload: Payload, *, group_id: str, timeout_s: float | None = None,
+            on_poll: Callable[[], None] | None = None, stop: threading.Event | None = None, **opts: Any) -> Any:
     """Submits one job (`opts`: JobSpec fields such as host) and waits for its result (wait_job)."""
-    return wait_job(client, submit_job(client, kind, payload, group_id=group_id, **opts), poll_s=poll_s,
-                    timeout_s=timeout_s, on_poll=on_poll, stop=stop)
+    return wait_job(client, submit_job(client, payload, group_id=group_id, **opts), timeout_s=timeout_s,
+                    on_poll=on_poll, stop=stop)
 
 
-def submit_job(client, kind: str, payload: dict[str, Any], *, group_id: str, **opts: Any):
-    """Submits one job; a refusal (an invalid payload, an unknown endpoint) is one SproutError."""
+def submit_job(client, payload: Payload, *, group_id: str, **opts: Any) -> Job:
+    """Submits `payload` as a job of its kind; a refusal (an invalid payload, an unknown endpoint) is one
+    SproutError."""
+    kind = kind_of(payload)
     try:
-        return client.submit(kind, payload, group_id=group_id, **opts)
+        return client.submit(kind, payload.model_dump(mode="json"), group_id=group_id, **opts)
     except RunStoreError as e:
         raise SproutError(f"the Run Store at {client.url} refused a {kind} job: {e}") from None
 
 
-def wait_job(client, job, *, poll_s: float = 0.5, timeout_s: float | None = None,
+def wait_job(client, job: Job, *, wait_s: float = WAIT_S, timeout_s: float | None = None,
              on_poll: Callable[[], None] | None = None, stop: threading.Event | None = None) -> Any:
-    """Waits for a submitted job's result; a failed or cancelled job raises SproutError. Interrupted
-    while waiting, or once `stop` is set (then raising RolloutCancelled), it cancels the job: the worker's
-    next heartbeat stops its handler."""
+    """Waits for a submitted job's result, long-polling its group's events (the job is read again when
+    one is about it); a failed or cancelled job raises SproutError. Interrupted, or once `stop` is set
+    (then raising RolloutCancelled, within `wait_s`), it cancels the job: the worker's next heartbeat
+    stops its handler. `on_poll` is called after every wait (at most `wait_s` apart)."""
     stop = stop or threading.Event()
-    kind = job.kind
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    seq = 0
     try:
         while job.state not in TERMINAL:
             if deadline is not None and time.monotonic() > deadline:
-                raise SproutError(f"{kind} job {job.id} did not finish in {timeout_s:g}s (state {job.state})")
-            if stop.wait(poll_s):
-                raise RolloutCancelled(f"{kind} job {job.id} was stopped")
+                raise SproutError(f"{job.kind} job {job.id} did not finish in {timeout_s:g}s (state {job.state})")
+            if stop.is_set():
+                raise RolloutCancelled(f"{job.kind} job {job.id} was stopped")
             try:
-                job = client.get(job.id)
+                seq, changed = _wait_for_events(client, job, seq, wait_s, stop)
+                if changed:
+                    job = client.get(job.id)
             except RunStoreError as e:
-                raise SproutError(f"lost the Run Store at {client.url} while waiting for {kind} job {job.id}: "
+                raise SproutError(f"lost the Run Store at {client.url} while waiting for {job.kind} job {job.id}: "
                                   f"{e}") from None
             if on_poll is not None:
                 on_poll()
@@ -95,27 +104,32 @@ def wait_job(client, job, *, poll_s: float = 0.5, timeout_s: float | None = None
         raise
     if job.state != "succeeded":
         error = (job.error or "").strip().splitlines()
-        raise SproutError(f"{kind} job {job.id} {job.state}: {error[0] if error else 'no error recorded'}")
+        raise SproutError(f"{job.kind} job {job.id} {job.state}: {error[0] if error else 'no error recorded'}")
     return job.result
 
 
-def rollout_payload(request: RolloutRequest, task_dir: Path, *, deadline_unix: float | None = None) -> dict[str, Any]:
-    """The rollout job (sprout.runstore.kinds.RolloutPayload) that runs `request` on a worker: a fresh
-    start in the task's sandbox, or a branch; graded live when the request has a trial directory."""
+def _wait_for_events(client, job: Job, seq: int, wait_s: float, stop: threading.Event) -> tuple[int, bool]:
+    """(the last event seen, whether one was about `job`), after up to `wait_s` of waiting."""
+    if job.group_id is None:  # no event stream to follow: read the job again after the wait
+        stop.wait(wait_s)
+        return seq, True
+    events = client.events(job.group_id, after_seq=seq, wait_s=wait_s)
+    return max([seq, *(e.seq for e in events)]), any(e.job_id == job.id for e in events)
+
+
+def rollout_payload(request: RolloutRequest, task_dir: Path, *, deadline_unix: float | None = None) -> RolloutPayload:
+    """The rollout job that runs `request` on a worker: a fresh start in the task's sandbox, or a branch;
+    graded live when the request has a trial directory."""
     spec = request.spec
-    options: dict[str, Any] = {
-        "endpoint": endpoint_ref(spec.endpoint), "journal": str(spec.journal.resolve()),
-        "cwd": spec.cwd, "model_class": spec.model_class, "step_limit": spec.step_limit,
-        "token_limit": spec.token_limit, "wall_time_s": spec.wall_time_s,
-        "command_timeout_s": spec.command_timeout_s, "label": request.attempt, "task_dir": str(task_dir.resolve()),
-        "sampling": spec.sampling.model_dump(mode="json") if spec.sampling else None,
-        "deadline_unix": deadline_unix}
-    if spec.from_journal is not None:
-        options["from_journal"] = str(spec.from_journal.resolve())
-    if request.trial_dir is not None:
-        options["grade_trial_dir"] = str(request.trial_dir.resolve())
-    return {"task": spec.task, "image": spec.image, "model": spec.model, "from_checkpoint": request.checkpoint,
-            "turn": spec.from_turn, "note": spec.note, "options": options}
+    options = RolloutOptions(
+        endpoint=endpoint_ref(spec.endpoint), journal=str(spec.journal.resolve()), cwd=spec.cwd,
+        model_class=spec.model_class, step_limit=spec.step_limit, token_limit=spec.token_limit,
+        wall_time_s=spec.wall_time_s, command_timeout_s=spec.command_timeout_s, label=request.attempt,
+        task_dir=str(task_dir.resolve()), sampling=spec.sampling, deadline_unix=deadline_unix,
+        from_journal=str(spec.from_journal.resolve()) if spec.from_journal is not None else None,
+        grade_trial_dir=str(request.trial_dir.resolve()) if request.trial_dir is not None else None)
+    return RolloutPayload(task=spec.task, image=spec.image, model=spec.model, from_checkpoint=request.checkpoint,
+                          turn=spec.from_turn, note=spec.note, options=options)
 
 
 def rollout_done(result: dict[str, Any]) -> RolloutDone:
@@ -125,7 +139,7 @@ def rollout_done(result: dict[str, Any]) -> RolloutDone:
 
 
 class RunStoreBackend:
-    """The method's rollouts, grades and reviews as Run Store jobs (sprout.runstore.handlers runs them)."""
+    """The method's rollouts, grades and reviews as Run Store jobs (sprout.worker.handlers runs them)."""
 
     def __init__(self, client, *, task_dir: Path, group_id: str, affinity_timeout_s: float = 60.0):
         self.client, self.task_dir, self.group_id = client, task_dir.resolve(), group_id
@@ -138,24 +152,24 @@ class RunStoreBackend:
                 stop: threading.Event | None = None) -> RolloutDone:
         journal = request.spec.journal.resolve()
         follow = _TurnFollower(journal, on_turn) if on_turn else None
-        result = run_job(self.client, "rollout", rollout_payload(request, self.task_dir), group_id=self.group_id,
+        result = run_job(self.client, rollout_payload(request, self.task_dir), group_id=self.group_id,
                          on_poll=follow, stop=stop, **self._affinity(request.host))
         if follow is not None:
             follow()
         return rollout_done(result)
 
     def grade(self, checkpoint: str, host: str | None, trial_dir: Path) -> GradeResult:
-        payload = {"checkpoint_id": checkpoint, "task_dir": str(self.task_dir), "trial_dir": str(trial_dir.resolve())}
-        result = run_job(self.client, "grade", payload, group_id=self.group_id, **self._affinity(host))
+        payload = GradePayload(checkpoint_id=checkpoint, task_dir=str(self.task_dir), trial_dir=str(trial_dir.resolve()))
+        result = run_job(self.client, payload, group_id=self.group_id, **self._affinity(host))
         return GradeResult.model_validate(result)
 
     def review(self, config: ReviewerConfig, inp: ReviewInput, *, review_id: str, round_number: int,
                reviewed: str) -> ReviewRecord:
-        reviewer = {"model": config.model, "endpoint": endpoint_ref(config.endpoint), "retries": config.retries,
-                    "seed": config.seed, "temperature": config.temperature, "timeout_s": config.timeout_s}
-        payload = {"reviewer": reviewer, "input": REVIEW_INPUT.dump_python(inp, mode="json"),
-                   "review_id": review_id, "round": round_number, "reviewed": reviewed}
-        return ReviewRecord.model_validate(run_job(self.client, "review", payload, group_id=self.group_id))
+        reviewer = ReviewerSpec(model=config.model, endpoint=endpoint_ref(config.endpoint), retries=config.retries,
+                                seed=config.seed, temperature=config.temperature, timeout_s=config.timeout_s)
+        payload = ReviewPayload(reviewer=reviewer, input=REVIEW_INPUT.dump_python(inp, mode="json"),
+                                review_id=review_id, round=round_number, reviewed=reviewed)
+        return ReviewRecord.model_validate(run_job(self.client, payload, group_id=self.group_id))
 
 
 class _TurnFollower:
