@@ -30,7 +30,7 @@ import httpx
 from sprout.console import console, run_cli
 from sprout.eval import benchmark
 from sprout.eval.prepare import prepare
-from sprout.eval.remote import configured_client
+from sprout.worker.remote import configured_client
 from sprout.sandbox import Store
 from sprout.sandbox.errors import SproutError
 from sprout.tasks.dataset import load_task_ids, read_task_ids
