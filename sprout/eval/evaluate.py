@@ -200,6 +200,7 @@ def evaluate(args: argparse.Namespace) -> EvaluationSummary:
         step_limit=args.step_limit, token_limit=args.token_limit, wall_time_s=wall_time,
         command_timeout_s=args.command_timeout, review_retries=args.review_retries, seed=args.seed,
         commit=source.commit, wave=_wave(args.method, args.branches, args.parallel))
+    config, args.parallel = _recorded_wave(args.output, config, args.parallel)
     store = Store(args.store, runtime_bin=args.runtime_bin)
     previous = _open_output(args.output, config, store, overwrite=args.overwrite)
     if previous is not None and previous.status in ("solved", "unsolved"):
@@ -286,6 +287,22 @@ def _wave(method: str, branches: list[int], parallel: int | None) -> int | None:
     otherwise, so that sequential runs keep their configuration hash."""
     wave = wave_size(method, branches, parallel)
     return wave if wave and wave > 1 else None
+
+
+def _recorded_wave(out: Path, config: EvaluationConfig, parallel: int | None) -> tuple[EvaluationConfig, int | None]:
+    """Without --parallel, a restarts run recorded with another wave (one at a time, as before waves
+    existed) resumes with its own: the wave decides the plans, so it is part of the run."""
+    if parallel is not None or config.method != "restarts" or not (out / SUMMARY).exists():
+        return config, parallel
+    try:
+        previous = read_summary(out)
+    except SproutError:
+        return config, parallel
+    recorded = config.model_copy(update={"wave": previous.config.wave})
+    if previous.config_hash == config.digest() or previous.config_hash != recorded.digest():
+        return config, parallel
+    console.print(f"  resuming with the recorded wave of {previous.config.wave or 1} restart(s) at once", markup=False)
+    return recorded, previous.config.wave or 1
 
 
 def _open_output(out: Path, config: EvaluationConfig, store: Store, *, overwrite: bool) -> EvaluationSummary | None:

@@ -153,6 +153,27 @@ def test_restarts_get_sprouts_budget(dataset, outputs, tmp_path):
     assert read_summary(out).sessions == 1 and read_summary(out).started > summary.started
 
 
+def test_a_sequential_restarts_run_is_found_again_without_parallel(dataset, outputs, tmp_path):
+    """A restarts run made one attempt at a time (as before waves existed) is the same run when it is
+    invoked again without --parallel; another wave is another run."""
+    out = tmp_path / "sequential"
+    outputs.append(out)
+    never = [{"thought": f"look {i}", "command": "ls /app"} for i in range(3)]
+    flags = ("--step-limit", "3", "--branches", "2")
+    with ScriptedModelServer(never * 3) as agent:
+        first = run_module("sprout.eval.evaluate", *evaluate_args(dataset, out, agent.base_url, *flags, "--parallel",
+                                                                   "1", method="restarts"))
+        assert first.returncode == 0, first.stdout + first.stderr
+        summary = read_summary(out)
+        assert summary.config.wave is None and [a.id for a in summary.attempts] == ["a1", "a2", "a3"]
+        again = run_module("sprout.eval.evaluate", *evaluate_args(dataset, out, agent.base_url, *flags,
+                                                                   method="restarts"))
+        assert again.returncode == 0 and "already finished" in again.stdout, again.stdout + again.stderr
+        other = run_module("sprout.eval.evaluate", *evaluate_args(dataset, out, agent.base_url, *flags, "--parallel",
+                                                                   "2", method="restarts"))
+        assert other.returncode == 1 and "different run" in other.stderr, other.stderr
+
+
 def test_dirty_checkout_is_refused_unless_allowed(tmp_path, monkeypatch, capsys):
     repo = tmp_path / "repo"
     repo.mkdir()
