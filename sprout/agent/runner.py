@@ -18,6 +18,7 @@ from minisweagent.exceptions import LimitsExceeded
 
 from ..sandbox import Sandbox, Store
 from ..sandbox.errors import CheckpointNotFound, SproutError
+from . import defaults
 from .environment import SandboxEnvironment
 from .journal import OBSERVATION_CAP, Header, JournalWriter, Limits, Outcome, ParentRef, Turn, read_journal
 from .models import Endpoint, SamplingParams, make_model, mswea_config
@@ -29,13 +30,13 @@ class RolloutSpec:
     model: str
     endpoint: Endpoint
     journal: Path
-    image: str = "docker.io/library/python:3.11-slim"
+    image: str = defaults.IMAGE
     cwd: str = "/tmp"
     model_class: str = "tools"
-    step_limit: int = 50
-    token_limit: int = 2_000_000
-    wall_time_s: int = 3600
-    command_timeout_s: int = 120
+    step_limit: int = defaults.STEP_LIMIT
+    token_limit: int = defaults.TOKEN_LIMIT
+    wall_time_s: int = defaults.WALL_TIME_S
+    command_timeout_s: int = defaults.COMMAND_TIMEOUT_S
     keep_sandbox: bool = False
     sampling: SamplingParams | None = None  # sent with every model call
     # branching

@@ -28,6 +28,7 @@ import time
 import uuid
 from pathlib import Path
 
+from ..agent import defaults
 from ..agent.journal import now
 from ..agent.models import Endpoint
 from ..agent.runner import TurnEvent
@@ -46,8 +47,8 @@ from ..worker.remote import RunStoreBackend, configured_client
 from .provenance import check_pinning, check_source
 from .summary import SUMMARY, EvaluationConfig, EvaluationSummary, ImageInfo, read_summary, write_summary
 
-DEFAULTS = {"rounds": 2, "branches": [4, 3], "step_limit": 50, "token_limit": 2_000_000, "command_timeout": 120,
-            "review_retries": 2, "seed": 0, "model_retries": 4}
+DEFAULTS = {"rounds": 2, "branches": [4, 3], "step_limit": defaults.STEP_LIMIT, "token_limit": defaults.TOKEN_LIMIT,
+            "command_timeout": defaults.COMMAND_TIMEOUT_S, "review_retries": 2, "seed": 0, "model_retries": 4}
 
 
 def add_arguments(group, *, single_task: bool = True) -> list[argparse.Action]:
@@ -94,13 +95,13 @@ def add_arguments(group, *, single_task: bool = True) -> list[argparse.Action]:
     add("--budget-by", choices=["turns", "tokens"], default="turns",
         help="what the restarts baseline's equal budget counts (default turns): limit x (1 + sum(branches))")
     add("--step-limit", type=int, default=DEFAULTS["step_limit"],
-        help="turns per attempt (a branch of turn k gets step-limit - k more; default 50)")
+        help=f"turns per attempt (a branch of turn k gets step-limit - k more; default {defaults.STEP_LIMIT})")
     add("--token-limit", type=int, default=DEFAULTS["token_limit"],
-        help="agent tokens per attempt (default 2,000,000)")
+        help=f"agent tokens per attempt (default {defaults.TOKEN_LIMIT:,})")
     add("--wall-time-limit", type=int,
-        help="seconds per attempt (default: the task's [agent].timeout_sec, else 3600)")
+        help=f"seconds per attempt (default: the task's [agent].timeout_sec, else {defaults.WALL_TIME_S})")
     add("--command-timeout", type=int, default=DEFAULTS["command_timeout"],
-        help="seconds per agent command (default 120)")
+        help=f"seconds per agent command (default {defaults.COMMAND_TIMEOUT_S})")
     add("--model-retries", type=int, default=DEFAULTS["model_retries"],
         help="tries per agent model call, with backoff on 429/5xx (default 4)")
     add("--seed", type=int, default=DEFAULTS["seed"], help="sampling seed sent to the reviewer (default 0)")
@@ -190,7 +191,7 @@ def evaluate(args: argparse.Namespace) -> EvaluationSummary:
     client = configured_client()  # a Run Store: its workers make the model calls, with their keys
     endpoint, review_endpoint = endpoints(args, remote=client is not None, review=args.method == "sprout")
     os.environ["MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT"] = str(max(1, args.model_retries))
-    wall_time = args.wall_time_limit or int(task.config.agent.timeout_sec or 3600)
+    wall_time = args.wall_time_limit or int(task.config.agent.timeout_sec or defaults.WALL_TIME_S)
     budget = equal_budget(args.method, args.budget_by, args.step_limit, args.token_limit, args.branches)
     config = EvaluationConfig(
         task=pinning.task, task_digest=pinning.task_digest, dataset_digest=pinning.dataset_digest,

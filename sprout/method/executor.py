@@ -23,6 +23,7 @@ from pathlib import Path
 from harbor.models.task.task import Task
 from harbor.models.trial.paths import TrialPaths
 
+from ..agent import defaults
 from ..agent.journal import Journal, now, read_journal
 from ..agent.models import Endpoint
 from ..agent.runner import RolloutCancelled, RolloutSpec, TurnEvent
@@ -40,8 +41,8 @@ class AgentConfig:
     model: str
     endpoint: Endpoint
     model_class: str = "tools"
-    wall_time_s: int = 3600
-    command_timeout_s: int = 120
+    wall_time_s: int = defaults.WALL_TIME_S
+    command_timeout_s: int = defaults.COMMAND_TIMEOUT_S
 
 
 class TaskExecutor:

@@ -18,6 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..agent import defaults
 from ..sandbox.errors import SproutError
 from ..tasks.pull import PullPolicy
 
@@ -56,8 +57,8 @@ class DriverConfig(_Config):
     poll_interval_s: float = Field(1.0, gt=0)  # the longest wait for a Run Store job's events (a stop acts then)
     runtime_bin: Path | None = None  # the confined runtime's binary (default $SPROUT_RUNTIME_BIN)
     pull: PullPolicy | None = None
-    command_timeout_s: int = Field(120, ge=1)
-    token_limit: int = Field(2_000_000, ge=1)  # tokens per sample, all calls together
+    command_timeout_s: int = Field(defaults.COMMAND_TIMEOUT_S, ge=1)
+    token_limit: int = Field(defaults.TOKEN_LIMIT, ge=1)  # tokens per sample, all calls together
     max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     keep_checkpoints: bool = False  # keep a DELETEd group's checkpoints (default: released, as evaluation does)
     miles: MilesSection = MilesSection()

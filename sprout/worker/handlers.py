@@ -14,10 +14,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from ..agent import defaults
 from ..runstore.models import Claim
 from .jobs import GatePayload, GradePayload, ReviewPayload, RolloutOptions, RolloutPayload
-
-DEFAULT_IMAGE = "docker.io/library/python:3.11-slim"
 
 
 def store_from_env(claim: Claim | None = None):
@@ -55,7 +54,7 @@ def rollout(claim: Claim, stop: threading.Event) -> dict[str, Any]:
     if options.deadline_unix is not None:
         limits["wall_time_s"] = _seconds_until(options.deadline_unix)
     spec = RolloutSpec(task=payload.task, model=payload.model or "default", endpoint=_endpoint(options.endpoint),
-                       journal=journal, image=payload.image or DEFAULT_IMAGE, cwd=options.cwd,
+                       journal=journal, image=payload.image or defaults.IMAGE, cwd=options.cwd,
                        from_journal=Path(options.from_journal) if options.from_journal else None,
                        from_turn=payload.turn, note=payload.note, sampling=options.sampling, **limits)
     sandbox, grader = None, None

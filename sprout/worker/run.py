@@ -5,10 +5,9 @@ from pathlib import Path
 
 from rich.markup import escape
 
+from ..agent import defaults
 from ..console import console
 from ..sandbox import Store
-
-DEFAULTS = {"step_limit": 50, "token_limit": 2_000_000, "wall_time": 3600, "command_timeout": 120}
 
 
 def add_parser(sub) -> None:
@@ -28,16 +27,18 @@ def add_parser(sub) -> None:
                         "for endpoints without tool support")
     s.add_argument("--runtime-bin", type=Path, help="run commands through this sprout-runtime "
                    "(default: $SPROUT_RUNTIME_BIN, else podman exec)")
-    s.add_argument("--sandbox-image", default="docker.io/library/python:3.11-slim", help="image of the sandbox")
+    s.add_argument("--sandbox-image", default=defaults.IMAGE, help=f"image of the sandbox (default {defaults.IMAGE})")
     s.add_argument("--cwd", default="/tmp", help="directory the agent's commands start in (default /tmp)")
     s.add_argument("--journal", type=Path, required=True, help="journal to write (JSONL; must not exist)")
     s.add_argument("--store", type=Path, help="btrfs store (default: $SPROUT_STORE or ~/sprout-btrfs)")
-    s.add_argument("--step-limit", type=int, default=DEFAULTS["step_limit"], help="max model calls (default 50)")
-    s.add_argument("--token-limit", type=int, default=DEFAULTS["token_limit"],
-                   help="max prompt+completion tokens (default 2,000,000; 0 = none)")
-    s.add_argument("--wall-time-limit", type=int, default=DEFAULTS["wall_time"], help="seconds (default 3600)")
-    s.add_argument("--command-timeout", type=int, default=DEFAULTS["command_timeout"],
-                   help="seconds per command; on timeout its process tree is killed (default 120)")
+    s.add_argument("--step-limit", type=int, default=defaults.STEP_LIMIT,
+                   help=f"max model calls (default {defaults.STEP_LIMIT})")
+    s.add_argument("--token-limit", type=int, default=defaults.TOKEN_LIMIT,
+                   help=f"max prompt+completion tokens (default {defaults.TOKEN_LIMIT:,}; 0 = none)")
+    s.add_argument("--wall-time-limit", type=int, default=defaults.WALL_TIME_S,
+                   help=f"seconds (default {defaults.WALL_TIME_S})")
+    s.add_argument("--command-timeout", type=int, default=defaults.COMMAND_TIMEOUT_S,
+                   help=f"seconds per command; on timeout its process tree is killed (default {defaults.COMMAND_TIMEOUT_S})")
     s.add_argument("--model-retries", type=int, default=4,
                    help="attempts per model call, with exponential backoff on 429/5xx/timeouts (default 4)")
     s.add_argument("--keep-sandbox", action="store_true", help="leave the sandbox running at the end")
