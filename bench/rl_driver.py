@@ -160,7 +160,8 @@ class Placement:
         self.ledger = Ledger(f"sqlite:///{root / 'data' / 'driver.sqlite3'}")
         self.env = {k: v for k, v in base_env.items() if k not in RUNSTORE_VARS} | {
             "SPROUT_RL_DRIVER_TOKEN": self.token, "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "1",
-            "SPROUT_RUNTIME_BIN": str(RUNTIME_BIN)}
+            "SPROUT_RUNTIME_BIN": str(RUNTIME_BIN),
+            "SPROUT_HOST_SLOTS": str(group_size)}  # local samples all at once, as the Run Store's workers run them
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.http = httpx.Client(base_url=self.url, timeout=30,

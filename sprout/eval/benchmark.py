@@ -44,7 +44,9 @@ def parser() -> argparse.ArgumentParser:
     chosen.add_argument("--tasks", nargs="+", metavar="NAME", help="only these tasks (directory names)")
     chosen.add_argument("--task-ids-file", type=Path, metavar="IDS",
                         help="only the tasks named in this file (one directory name a line, # comments)")
-    p.add_argument("--workers", type=int, default=4, help="evaluations running at once (default 4)")
+    p.add_argument("--workers", type=int, default=4,
+                   help="evaluations running at once (default 4); their attempts share the host's slots "
+                        "($SPROUT_HOST_SLOTS), so workers x --parallel never oversubscribe the host")
     shared = evaluate.add_arguments(p.add_argument_group("evaluation flags (passed to every evaluation)"),
                                     single_task=False)
     p.set_defaults(shared_actions=shared)

@@ -41,6 +41,7 @@ from ..method.search import MethodConfig, run_method, wave_size
 from ..runstore.endpoints import check_name
 from ..sandbox import Store, trust
 from ..sandbox.errors import SproutError
+from ..sandbox.slots import SLOTS_ENV, host_slot_count
 from ..tasks import ensure_image, load_task
 from ..tasks.pull import PULL_HELP, PULL_POLICIES
 from ..worker.remote import RunStoreBackend, configured_client
@@ -91,7 +92,8 @@ def add_arguments(group, *, single_task: bool = True) -> list[argparse.Action]:
              "its running siblings)")
     add("--parallel", type=int, metavar="N",
         help="attempts at once: a round's branches in threads here, or jobs submitted at once to a Run Store "
-             "(default: the round's branch count; restarts: the largest --branches value, in waves)")
+             "(default: the round's branch count; restarts: the largest --branches value, in waves); here, "
+             "at most the host's slots ($SPROUT_HOST_SLOTS), shared by every evaluation and gate on the host")
     add("--budget-by", choices=["turns", "tokens"], default="turns",
         help="what the restarts baseline's equal budget counts (default turns): limit x (1 + sum(branches))")
     add("--step-limit", type=int, default=DEFAULTS["step_limit"],
@@ -240,6 +242,7 @@ def evaluate(args: argparse.Namespace) -> EvaluationSummary:
 
     if client is None:
         backend = LocalBackend(store, task, image.image)
+        _note_slots(args.parallel or max(args.branches))
     else:
         group_id = f"eval-{pinning.task}-{uuid.uuid4().hex[:8]}"
         backend = RunStoreBackend(client, task_dir=args.task_dir, group_id=group_id,
@@ -288,6 +291,13 @@ def _wave(method: str, branches: list[int], parallel: int | None) -> int | None:
     otherwise, so that sequential runs keep their configuration hash."""
     wave = wave_size(method, branches, parallel)
     return wave if wave and wave > 1 else None
+
+
+def _note_slots(wanted: int) -> None:
+    slots = host_slot_count()
+    if wanted > slots:
+        console.print(f"  note: {wanted} attempts at once asked; this host runs at most {slots} at once, shared "
+                      f"with its other evaluations and gates (${SLOTS_ENV})", markup=False)
 
 
 def _recorded_wave(out: Path, config: EvaluationConfig, parallel: int | None) -> tuple[EvaluationConfig, int | None]:

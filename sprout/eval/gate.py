@@ -25,6 +25,7 @@ from rich.table import Table
 
 from ..console import console, run_cli
 from ..sandbox import SproutError, Store
+from ..sandbox.slots import HostSlots
 from ..tasks import load_tasks, task_name
 from ..tasks.dataset import TaskIds, TaskIdsFile, describe, load_task_ids
 from ..tasks.gate import Attempt, TaskGate, gate_task
@@ -94,8 +95,9 @@ def run_gate(tasks_dir: Path, output: Path, *, workers: int, only: list[str] | N
                 result = run_job(client, payload, group_id=group_id)
                 return TaskGate.model_validate(result)
             store = Store(store_root, runtime_bin=runtime_bin)  # one per thread: its SQLite connection too
-            return asyncio.run(gate_task(store, task, output / task_name(task), rebuild_before=rebuild_before,
-                                         pull=pull, on_phase=on_phase))
+            with HostSlots(store.root).hold(on_wait=lambda: on_phase("waiting for a free slot on this host")):
+                return asyncio.run(gate_task(store, task, output / task_name(task), rebuild_before=rebuild_before,
+                                             pull=pull, on_phase=on_phase))
         except Exception as e:  # noqa: BLE001 - not the task's fault (e.g. the store); the other tasks go on
             return _error_result(task_name(task), f"gate failed: {type(e).__name__}: {e}", output)
         finally:
@@ -158,7 +160,9 @@ def parser() -> argparse.ArgumentParser:
         "nothing must score 0, graded by Harbor's verifier in the live sandbox after the final checkpoint."))
     p.add_argument("--tasks-dir", type=Path, required=True, help="directory of Harbor task directories")
     p.add_argument("--output", type=Path, default=Path("runs/gate"), help="per-task logs and summary.json")
-    p.add_argument("--workers", type=int, default=8, help="tasks gated in parallel")
+    p.add_argument("--workers", type=int, default=8,
+                   help="tasks gated in parallel (in-process: at most the host's slots, $SPROUT_HOST_SLOTS, "
+                        "shared with evaluations on this host)")
     chosen = p.add_mutually_exclusive_group()
     chosen.add_argument("--tasks", help="comma-separated task (directory) names to gate; default: all")
     chosen.add_argument("--task-ids-file", type=Path, metavar="IDS",

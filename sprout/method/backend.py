@@ -17,6 +17,7 @@ from harbor.models.task.task import Task
 from ..agent.journal import Outcome
 from ..agent.runner import RolloutCancelled, RolloutSpec, TurnEvent, run_rollout
 from ..sandbox import Image, Sandbox, Store
+from ..sandbox.slots import HostSlots, SlotWaitStopped
 from ..tasks import GradeResult, grade, start_task_sandbox
 from .records import ReviewRecord
 from .review import ReviewerConfig, ReviewInput, review
@@ -49,14 +50,24 @@ class Backend(Protocol):
 
 
 class LocalBackend:
-    """Runs everything here, in `store`."""
+    """Runs everything here, in `store`; each rollout (with its live grade) and each grade holds one of
+    the host's slots (sprout.sandbox.slots), which every process on this host shares."""
 
     def __init__(self, store: Store, task: Task, image: Image | None = None):
         self.store, self.task, self.image = store, task, image
         self.host = socket.gethostname()
+        self.slots = HostSlots(store.root)
 
     def rollout(self, request: RolloutRequest, on_turn: Callable[[TurnEvent], None] | None,
                 stop: threading.Event | None = None) -> RolloutDone:
+        try:
+            with self.slots.hold(stop):
+                return self._rollout(request, on_turn, stop)
+        except SlotWaitStopped:
+            raise RolloutCancelled("stopped before it started (waiting for a free slot)") from None
+
+    def _rollout(self, request: RolloutRequest, on_turn: Callable[[TurnEvent], None] | None,
+                 stop: threading.Event | None) -> RolloutDone:
         from .executor import discard  # the executor imports this module
 
         fresh = request.spec.from_journal is None
@@ -71,7 +82,8 @@ class LocalBackend:
         return RolloutDone(result.outcome, self.host, grader.result if grader else None)
 
     def grade(self, checkpoint: str, host: str | None, trial_dir: Path) -> GradeResult:
-        return grade(self.store, self.store.checkpoint(checkpoint), self.task, trial_dir=trial_dir)
+        with self.slots.hold():
+            return grade(self.store, self.store.checkpoint(checkpoint), self.task, trial_dir=trial_dir)
 
     def review(self, config: ReviewerConfig, inp: ReviewInput, *, review_id: str, round_number: int,
                reviewed: str) -> ReviewRecord:

@@ -74,13 +74,13 @@ def plans(n: int) -> list[AttemptPlan]:
 
 @pytest.mark.python_only
 def test_attempts_run_together_and_are_recorded_in_plan_order(tmp_path):
-    backend = FakeBackend({"a1": 0.6, "a2": 0.4, "a3": 0.2, "a4": 0.0})  # they finish last to first
+    backend = FakeBackend({"a1": 0.9, "a2": 0.7, "a3": 0.5, "a4": 0.3})  # they finish last to first
     ex = executor(tmp_path, backend)
     finished: list[list[str]] = []
     ex.on_record = lambda: finished.append([a.id for a in ex.attempts])
     started = time.monotonic()
     records = ex.attempt_many(plans(4), early_stop=True, parallel=4)
-    assert time.monotonic() - started < 1.0 and backend.most == 4
+    assert time.monotonic() - started < 1.6 and backend.most == 4  # sequential: 2.4 s
     assert [a.id for a in records] == [a.id for a in ex.attempts] == ["a1", "a2", "a3", "a4"]
     assert finished == [["a4"], ["a3", "a4"], ["a2", "a3", "a4"], ["a1", "a2", "a3", "a4"]]
     backend = FakeBackend({})
