@@ -34,7 +34,7 @@ def rollout(claim: Claim, stop: threading.Event) -> dict[str, Any]:
     """A rollout (sprout.worker.jobs.RolloutPayload): a fresh start in the task's sandbox or a branch,
     graded live at its end when the options name a trial directory (the result then has "grade")."""
     from ..agent.journal import read_journal
-    from ..agent.runner import RolloutCancelled, RolloutSpec, run_rollout
+    from ..agent.runner import RolloutCancelled, run_rollout
     from ..method.backend import LiveGrader
     from ..method.executor import discard
     from ..tasks import load_task, start_task_sandbox
@@ -49,14 +49,7 @@ def rollout(claim: Claim, stop: threading.Event) -> dict[str, Any]:
         if previous.outcome is not None:  # finished by a worker that died before reporting it
             return _finished_rollout(store, previous, options, task, _host(claim))
         discard(store, journal)  # a dead worker's half attempt: its sandbox and checkpoints go with it
-    limits = {k: v for k, v in options.model_dump(include={"model_class", "step_limit", "token_limit",
-                                                          "wall_time_s", "command_timeout_s"}).items() if v is not None}
-    if options.deadline_unix is not None:
-        limits["wall_time_s"] = _seconds_until(options.deadline_unix)
-    spec = RolloutSpec(task=payload.task, model=payload.model or "default", endpoint=_endpoint(options.endpoint),
-                       journal=journal, image=payload.image or defaults.IMAGE, cwd=options.cwd,
-                       from_journal=Path(options.from_journal) if options.from_journal else None,
-                       from_turn=payload.turn, note=payload.note, sampling=options.sampling, **limits)
+    spec = rollout_spec(payload, _endpoint(options.endpoint))
     sandbox, grader = None, None
     if spec.from_journal is None and task is not None:
         sandbox = start_task_sandbox(store, task, options.label or f"job-{claim.job.id}")
@@ -72,6 +65,22 @@ def rollout(claim: Claim, stop: threading.Event) -> dict[str, Any]:
     if grader is not None and grader.result is not None:
         done["grade"] = grader.result.model_dump(mode="json")
     return done
+
+
+def rollout_spec(payload: RolloutPayload, endpoint):
+    """The rollout a payload describes (sprout.worker.remote.rollout_payload is the inverse), with the
+    endpoint this worker resolved; a deadline becomes the wall time left."""
+    from ..agent.runner import RolloutSpec
+
+    options = payload.options
+    limits = {k: v for k, v in options.model_dump(include={"model_class", "step_limit", "token_limit",
+                                                          "wall_time_s", "command_timeout_s"}).items() if v is not None}
+    if options.deadline_unix is not None:
+        limits["wall_time_s"] = _seconds_until(options.deadline_unix)
+    return RolloutSpec(task=payload.task, model=payload.model or "default", endpoint=endpoint,
+                       journal=Path(options.journal), image=payload.image or defaults.IMAGE, cwd=options.cwd,
+                       from_journal=Path(options.from_journal) if options.from_journal else None,
+                       from_turn=payload.turn, note=payload.note, sampling=options.sampling, **limits)
 
 
 def _seconds_until(deadline_unix: float) -> int:
