@@ -1,7 +1,7 @@
 """The HTTP API Miles' rollout function calls: POST, GET and DELETE /rollout-groups[/{id}].
 
-GET /health answers without a token (for supervisors). POST answers 202 `{rollout_job_id, status}` once the group is in the ledger (the work runs in the
-background); GET answers the group's result (valid while queued or running, with the samples done so
+GET /health answers without a token (for supervisors). POST answers 202 `{rollout_job_id, status}`
+once the group is in the ledger (the work runs in the background); GET answers the group's result (valid while queued or running, with the samples done so
 far); DELETE cancels unfinished work and answers the group's terminal status. Errors are FastAPI
 `{"detail": ...}` bodies: 400 a task the driver cannot serve, 401 a missing or wrong bearer token, 404
 an unknown id, 409 an id reused with another body, 413 an oversized body, 422 a body that breaks the

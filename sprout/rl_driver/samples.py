@@ -167,8 +167,8 @@ def sample_result(plan: SamplePlan, done: RolloutDone, job_id: int | None, store
         "source_image": plan.request.image, "graded_snapshot_id": outcome.final_checkpoint,
         "checkpoints": [t.checkpoint for t in journal.turns], "host": done.host, "journal": str(plan.journal),
         "provenance": {"prefix_messages": 0, "inserted_messages": []}, "search": None,
-        "zero_reason": zero_reason,
-        "touched_test_paths": touched_test_paths(store, plan.task_dir, outcome.final_checkpoint), "exit_status": outcome.exit_status,
+        "zero_reason": zero_reason, "exit_status": outcome.exit_status,
+        "touched_test_paths": touched_test_paths(store, plan.task_dir, outcome.final_checkpoint),
         "grade": None if done.grade is None else {"verdict": done.grade.verdict, "mode": done.grade.mode,
                                                   "error": done.grade.error},
     }
