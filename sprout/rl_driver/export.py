@@ -1,6 +1,6 @@
 """Turns one rollout journal (mini-swe-agent's messages) into the Chat Completions messages Miles trains on.
 
-Miles's importer fails the whole group on one bad message (notes/rl-driver-contract.md §3), so the export
+Miles's importer fails the whole group on one bad message (sprout.rl_driver.protocol.check_messages), so the export
 is strict where Miles is: the four API roles only, content a string or null, every tool call with a
 unique id and answered by a tool message, no training-hint tags in user or system content. Everything
 mini-swe-agent or litellm adds for its own bookkeeping (`extra`, `function_call`, `thinking_blocks`...)
