@@ -8,6 +8,7 @@ discarded (by this process, or by the worker once the cancelled job's heartbeat 
 import socket
 import threading
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -53,13 +54,16 @@ class LocalBackend:
     """Runs everything here, in `store`; each rollout (with its live grade) and each grade holds one of
     the host's slots (sprout.sandbox.slots), which every process on this host shares."""
 
-    def __init__(self, store: Store, task: Task, image: Image | None = None):
+    def __init__(self, store: Store, task: Task, image: Image | None = None, *, hold_slots: bool = True):
+        """`hold_slots` False: the caller holds the host's slot around each call."""
         self.store, self.task, self.image = store, task, image
         self.host = socket.gethostname()
-        self.slots = HostSlots(store.root)
+        self.slots = HostSlots(store.root) if hold_slots else None
 
     def rollout(self, request: RolloutRequest, on_turn: Callable[[TurnEvent], None] | None,
                 stop: threading.Event | None = None) -> RolloutDone:
+        if self.slots is None:
+            return self._rollout(request, on_turn, stop)
         try:
             with self.slots.hold(stop):
                 return self._rollout(request, on_turn, stop)
@@ -82,7 +86,7 @@ class LocalBackend:
         return RolloutDone(result.outcome, self.host, grader.result if grader else None)
 
     def grade(self, checkpoint: str, host: str | None, trial_dir: Path) -> GradeResult:
-        with self.slots.hold():
+        with self.slots.hold() if self.slots else nullcontext():
             return grade(self.store, self.store.checkpoint(checkpoint), self.task, trial_dir=trial_dir)
 
     def review(self, config: ReviewerConfig, inp: ReviewInput, *, review_id: str, round_number: int,

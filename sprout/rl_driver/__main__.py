@@ -21,6 +21,8 @@ from ..sandbox.errors import SproutError
 from ..tasks.pull import PULL_HELP, PULL_POLICIES
 from .config import DEFAULT_PORT, load_config
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
 
 def cmd_serve(args) -> int:
     import uvicorn
@@ -36,6 +38,10 @@ def cmd_serve(args) -> int:
         raise SproutError(f"--tasks-dir {config.tasks_dir} is not a directory")
     if config.tasks_dir is None and not config.miles.tasks:
         raise SproutError("no tasks to serve: pass --tasks-dir DIR, or list tasks in --config")
+    if not config.driver_token() and config.host not in LOOPBACK:
+        raise SproutError(f"refusing to serve on {config.host} without a token: anyone who reaches it could run "
+                          f"samples (and be sent the policy key); set ${config.driver_token_env or 'SPROUT_RL_DRIVER_TOKEN'} "
+                          "(and driver_token_env) or listen on 127.0.0.1")
     runstore = config.runstore()
     where = f"Run Store {runstore[0]}" if runstore else f"{config.local_slots} local slots"
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..sandbox import Store
 from .config import DriverConfig, TaskNotServed
-from .groups import Driver, GroupConflict, GroupNotFound
+from .groups import Driver, GroupConflict, GroupNotFound, RequestRefused
 from .ledger import Ledger
 from .protocol import RolloutGroupRequest
 from .samples import LocalSamples, RunStoreSamples
@@ -58,7 +58,8 @@ def create_app(config: DriverConfig, driver: Driver | None = None) -> FastAPI:
         token = config.driver_token()
         if request.url.path == "/health":
             return await call_next(request)
-        if token and not hmac.compare_digest(request.headers.get("authorization", ""), f"Bearer {token}"):
+        sent = request.headers.get("authorization", "").encode("utf-8", "surrogateescape")
+        if token and not hmac.compare_digest(sent, f"Bearer {token}".encode()):
             return _error(401, "missing or wrong bearer token (Authorization: Bearer $SPROUT_RL_DRIVER_TOKEN)")
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > config.max_request_bytes):
@@ -86,7 +87,7 @@ def create_app(config: DriverConfig, driver: Driver | None = None) -> FastAPI:
     async def cancel(rollout_job_id: str):
         return _json(await run_in_threadpool(driver.delete, rollout_job_id))
 
-    for error, status in ((TaskNotServed, 400), (GroupNotFound, 404), (GroupConflict, 409)):
+    for error, status in ((TaskNotServed, 400), (RequestRefused, 400), (GroupNotFound, 404), (GroupConflict, 409)):
         app.add_exception_handler(error, lambda _request, exc, status=status: _error(status, str(exc)))
     app.add_exception_handler(_TooLarge, lambda _request, _exc: _error(
         413, f"request body over {config.max_request_bytes} bytes"))

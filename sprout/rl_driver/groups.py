@@ -2,35 +2,47 @@
 
 POST only records the group and hands it to a background thread, so it answers at once. Each group's
 thread starts its slots on the sample backend (in-process slots, or Run Store jobs that free workers
-take), waits for them until the group's hard deadline (submission + wall time + finalization), stops
-what is still running then, and records the terminal status. A driver that restarts picks up every
-group the ledger has unfinished: finished slots stay, the others run again (a Run Store job that is
-still running is found again by its idempotency key, not run twice).
+take) and waits for them until a little before submission + wall time + finalization (Miles' own limit,
+which it counts from before its POST); then it stops what still runs, lists it failed, and records the
+terminal status. A sample that ends later changes nothing: slots are written only while their group (that
+very submission of its id) is live. A DELETEd group is answered as unknown at once and forgotten once its
+samples have stopped; its id is free again then. A driver that restarts picks up every group the ledger
+has unfinished: finished slots stay, the others run again (a Run Store job that is still running is
+waited on again, not run twice).
 """
 
+import hashlib
 import logging
+import re
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from ..sandbox import Store
 from ..sandbox.errors import SproutError
 from .config import DriverConfig, task_dir_for
-from .ledger import GroupRow, Ledger
+from .ledger import DELETING, LIVE, GroupRow, Ledger
 from .protocol import TERMINAL_STATUSES, RolloutGroupAck, RolloutGroupRequest, RolloutGroupResult
-from .samples import LocalSamples, SampleBackend, SamplePlan, SampleResult, sample_result
+from .samples import SampleBackend, SamplePlan, SampleResult, policy_endpoint, sample_result
 
 log = logging.getLogger("sprout.rl_driver")
 BUDGET_KEYS = ("model_calls", "tool_calls", "tokens_in", "tokens_out", "sandbox_seconds")
+ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,200}")
+MARGIN, MAX_MARGIN_S = 0.2, 10.0  # a group is finished this share of its finalization (at most 10 s) early
+STOP_GRACE_S = 15.0  # how long stopped samples get to end before the group is finished without them
 
 
 class GroupConflict(SproutError):
-    """The id is taken by a group with another body (answered 409)."""
+    """The id is taken by a group with another body, or one still being deleted (answered 409)."""
 
 
 class GroupNotFound(SproutError):
     """No group has this id (answered 404)."""
+
+
+class RequestRefused(SproutError):
+    """A request this driver cannot serve as asked (answered 400)."""
 
 
 class Driver:
@@ -44,13 +56,18 @@ class Driver:
         self.store = Store(runtime_bin=config.runtime_bin)  # this host's: test paths, checkpoint release
 
     def start(self) -> None:
-        """Carries on every group a previous driver process left unfinished."""
+        """Carries on every group a previous driver process left unfinished (and forgets those it was
+        deleting)."""
         for group_id in self.ledger.unfinished():
-            log.info("resuming group %s", group_id)
-            self._launch(group_id)
+            group = self.ledger.group(group_id)
+            if group is not None and group.status == DELETING:
+                self._forget(group)
+            else:
+                log.info("resuming group %s", group_id)
+                self._launch(group_id)
 
     def submit(self, request: RolloutGroupRequest) -> RolloutGroupAck:
-        task_dir_for(self.config, request.task_id)  # refused before anything is recorded
+        check_servable(self.config, request)  # refused before anything is recorded
         slots = [(s.sample_slot_id, s.sample_index) for s in request.sample_slots]
         digest = request.body_digest()
         if self.ledger.add_group(request.rollout_job_id, digest, request.wire(), time.time(), slots,
@@ -58,44 +75,46 @@ class Driver:
             self._launch(request.rollout_job_id)
             return RolloutGroupAck(rollout_job_id=request.rollout_job_id, status="queued")
         group = self.ledger.group(request.rollout_job_id)
-        if group is None:  # deleted in between
-            raise GroupConflict(f"group {request.rollout_job_id} was just deleted; submit it under a new id")
+        if group is None or group.status == DELETING:
+            raise GroupConflict(f"group {request.rollout_job_id} is being deleted; submit it again in a moment")
         if group.digest != digest:
             raise GroupConflict(f"group {request.rollout_job_id} exists with a different request body")
         return RolloutGroupAck(rollout_job_id=group.id, status=group.status)
 
     def result(self, group_id: str) -> RolloutGroupResult:
-        group = self.ledger.group(group_id)
-        if group is None:
-            raise GroupNotFound(f"no rollout group {group_id!r} (never accepted, or deleted)")
-        return group_result(group)
+        return group_result(self._group(group_id))
 
     def delete(self, group_id: str) -> RolloutGroupAck:
-        """Cancels what is unfinished and forgets the group at once; its checkpoints are released
-        as soon as its samples have stopped (each within one turn)."""
-        group = self.ledger.group(group_id)
-        if group is None:
-            raise GroupNotFound(f"no rollout group {group_id!r} (never accepted, or already deleted)")
+        """Cancels what is unfinished and answers at once; the group is forgotten (its checkpoints
+        released) as soon as its samples have stopped, each within one turn."""
+        group = self._group(group_id)
         status = group.status if group.status in TERMINAL_STATUSES else "cancelled"
-        self.ledger.delete(group_id)
+        self.ledger.set_status(group_id, DELETING, "deleted", time.time(), only_live=False)
         with self._lock:
             running = group_id in self._threads
             if running:
-                self._stops[group_id].set()  # the group's thread releases the checkpoints when its samples end
+                self._stops[group_id].set()  # the group's thread forgets it when its samples have stopped
         if not running:
-            self._release(group_id)
+            self._forget(group)
         return RolloutGroupAck(rollout_job_id=group_id, status=status)
 
     def close(self) -> None:
         """Stops waiting; running groups stay unfinished in the ledger for the next driver. Samples run
         here are stopped (the next driver runs them again); Run Store jobs carry on, to be found again."""
-        local = isinstance(self.backend, LocalSamples)
         with self._lock:
             self._closing = True
-            stops = list(self._stops.values()) if local else []
-        for stop in stops:
-            stop.set()
-        self._samples.shutdown(wait=local, cancel_futures=True)
+            stops = list(self._stops.values())
+        self.backend.close()
+        if not getattr(self.backend, "detaches", False):
+            for stop in stops:
+                stop.set()
+        self._samples.shutdown(wait=True, cancel_futures=True)
+
+    def _group(self, group_id: str) -> GroupRow:
+        group = self.ledger.group(group_id)
+        if group is None or group.status == DELETING:
+            raise GroupNotFound(f"no rollout group {group_id!r} (never accepted, or deleted)")
+        return group
 
     def _launch(self, group_id: str) -> None:
         with self._lock:
@@ -104,86 +123,81 @@ class Driver:
                                                                 name=f"group-{group_id[:40]}", daemon=True)
         thread.start()
 
-    def _stop(self, group_id: str) -> None:
-        with self._lock:
-            stop = self._stops.get(group_id)
-        if stop is not None:
-            stop.set()
-
     def _run_group(self, group_id: str, stop: threading.Event) -> None:
         try:
             self._run_slots(group_id, stop)
         except Exception as e:  # a bug or a lost ledger: the group fails rather than hangs
-            log.exception("group %s failed", group_id)
-            self.ledger.set_status(group_id, "failed", f"driver error: {type(e).__name__}: {e}"[:500], time.time())
+            if not self._closing:
+                log.exception("group %s failed", group_id)
+                self.ledger.set_status(group_id, "failed", f"driver error: {type(e).__name__}: {e}"[:500],
+                                       time.time())
         finally:
             with self._lock:
                 self._stops.pop(group_id, None)
                 self._threads.pop(group_id, None)
-            if self.ledger.group(group_id) is None:  # deleted while it ran
-                self._release(group_id)
+            group = self.ledger.group(group_id)
+            if group is not None and group.status == DELETING:  # deleted while it ran
+                self._forget(group)
 
     def _run_slots(self, group_id: str, stop: threading.Event) -> None:
         group = self.ledger.group(group_id)
-        if group is None or group.status in TERMINAL_STATUSES:
+        if group is None or group.status not in LIVE:
             return
         request = RolloutGroupRequest.model_validate(group.request)
         self.ledger.set_status(group_id, "running")
         deadline = group.submitted_at + request.budgets.max_wall_time_seconds
-        hard_deadline = deadline + request.finalization_timeout_seconds
+        finalization = request.finalization_timeout_seconds
+        finish_by = deadline + finalization - min(MAX_MARGIN_S, MARGIN * finalization)  # inside Miles' wait
         task_dir = task_dir_for(self.config, request.task_id)
-        futures: dict[Future, str] = {}
-        for slot_row, slot in zip(group.slots, request.sample_slots, strict=True):
-            if slot_row.state in ("pending", "running"):
-                plan = self._plan(group_id, request, slot, task_dir, deadline)
-                futures[self._samples.submit(self._run_sample, plan, stop)] = slot.sample_slot_id
-        pending = set(futures)
-        while pending and not stop.is_set():
-            _, pending = wait(pending, timeout=min(1.0, max(0.0, hard_deadline - time.time())),
+        pending = {self._samples.submit(self._run_sample, self._plan(group, request, slot, row.job_id, task_dir,
+                                                                      deadline), stop)
+                   for row, slot in zip(group.slots, request.sample_slots, strict=True)
+                   if row.state in ("pending", "running")}
+        while pending and not stop.is_set() and time.time() < finish_by:
+            _, pending = wait(pending, timeout=min(1.0, max(0.0, finish_by - time.time())),
                               return_when=FIRST_COMPLETED)
-            if time.time() >= hard_deadline:
-                break
-        stop.set()  # what is still running is past its deadline (or the group was deleted): stop it
-        wait(pending)
-        if not self._cancelled(group_id) and not self._closing:
+        stop.set()  # what still runs is past the group's time (or the group was deleted): stop it
+        for future in pending:
+            future.cancel()  # not started yet: it never will
+        wait(pending, timeout=STOP_GRACE_S)
+        if not self._closing:
             self._finish(group_id, request)
 
-    def _plan(self, group_id: str, request: RolloutGroupRequest, slot, task_dir: Path, deadline: float) -> SamplePlan:
-        sample_dir = self.config.data_path / "groups" / _safe(group_id) / f"slot-{slot.sample_index}"
-        return SamplePlan(group_id=group_id, request=request, slot=slot, task_dir=task_dir, sample_dir=sample_dir,
-                          deadline_unix=deadline, key_env=self.config.miles.api_key_env,
+    def _plan(self, group: GroupRow, request: RolloutGroupRequest, slot, job_id: int | None, task_dir: Path,
+              deadline: float) -> SamplePlan:
+        return SamplePlan(group_id=group.id, generation=group.submitted_at, request=request, slot=slot,
+                          task_dir=task_dir, sample_dir=self._group_dir(group) / f"slot-{slot.sample_index}",
+                          deadline_unix=deadline, key_env=self.config.miles.api_key_env, job_id=job_id,
                           command_timeout_s=self.config.command_timeout_s, token_limit=self.config.token_limit)
 
     def _run_sample(self, plan: SamplePlan, stop: threading.Event) -> None:
-        group_id, slot_id = plan.group_id, plan.slot.sample_slot_id
-        job_id: int | None = None
+        slot_id = plan.slot.sample_slot_id
+        job_id = plan.job_id
 
         def on_job(job: int) -> None:
             nonlocal job_id
             job_id = job
-            self.ledger.set_slot(group_id, slot_id, state="running", job_id=job)
+            self.ledger.set_slot(plan.group_id, plan.generation, slot_id, state="running", job_id=job)
 
         if stop.is_set():
-            result = SampleResult(None, "stopped before it started: the group's time ran out", {})
-        else:
-            self.ledger.set_slot(group_id, slot_id, state="running")
-            try:
-                done = self.backend.run(plan, stop, on_job)
-                result = sample_result(plan, done, job_id, self.store)
-            except Exception as e:
-                reason = "stopped: the group's wall time and finalization ran out" if stop.is_set() else str(e)
-                result = SampleResult(None, f"{type(e).__name__}: {reason}"[:500], {})
-        if self._cancelled(group_id) or self._closing:
-            return
-        self.ledger.set_slot(group_id, slot_id, state="done" if result.trajectory else "failed",
+            return  # the group's time is up: _finish lists it failed
+        self.ledger.set_slot(plan.group_id, plan.generation, slot_id, state="running")
+        try:
+            done = self.backend.run(plan, stop, on_job)
+            result = sample_result(plan, done, job_id, self.store)
+        except Exception as e:
+            if self._closing:
+                return  # the next driver carries it on
+            reason = "stopped: the group was deleted or its time ran out" if stop.is_set() else str(e)
+            result = SampleResult(None, f"{type(e).__name__}: {reason}"[:500], {})
+        self.ledger.set_slot(plan.group_id, plan.generation, slot_id, state="done" if result.trajectory else "failed",
                              trajectory=result.trajectory, failure=result.failure, budget=result.budget)
 
-    def _cancelled(self, group_id: str) -> bool:
-        return self.ledger.group(group_id) is None  # deleted
-
     def _finish(self, group_id: str, request: RolloutGroupRequest) -> None:
+        self.ledger.fail_unfinished_slots(group_id, "did not finish within the group's wall time and finalization")
         group = self.ledger.group(group_id)
-        assert group is not None
+        if group is None or group.status not in LIVE:
+            return  # deleted meanwhile
         done = sum(1 for s in group.slots if s.state == "done")
         failed = [s for s in group.slots if s.state == "failed"]
         if done == request.max_samples:
@@ -195,19 +209,36 @@ class Driver:
             reason = f"{done} of {request.max_samples} samples returned, fewer than the minimum " \
                      f"{request.minimum_returned_samples}" + (f"; {failed[0].slot_id}: {failed[0].failure}"
                                                                if failed else "")
-        self.ledger.set_status(group_id, status, reason, time.time())
-        log.info("group %s %s (%d of %d samples)", group_id, status, done, request.max_samples)
+        if self.ledger.set_status(group_id, status, reason, time.time()):
+            log.info("group %s %s (%d of %d samples)", group_id, status, done, request.max_samples)
 
-    def _release(self, group_id: str) -> None:
-        """Releases the checkpoints of a deleted group's samples (unless keep_checkpoints), as an
-        evaluation does when it finishes; their journals stay."""
-        if self.config.keep_checkpoints:
-            return
-        from ..method.executor import release
+    def _group_dir(self, group: GroupRow) -> Path:
+        """The group's journals and verifier files: one directory per submission of an id."""
+        return self.config.data_path / "groups" / f"{_safe(group.id)}-{int(group.submitted_at * 1000)}"
 
-        journals = sorted((self.config.data_path / "groups" / _safe(group_id)).glob("slot-*/journal.jsonl"))
-        if journals:
-            release(self.store, journals)
+    def _forget(self, group: GroupRow) -> None:
+        """Releases a deleted group's checkpoints (unless keep_checkpoints), as an evaluation does when
+        it finishes, then its ledger rows; its journals stay."""
+        if not self.config.keep_checkpoints:
+            from ..method.executor import release
+
+            release(self.store, sorted(self._group_dir(group).glob("slot-*/journal.jsonl")))
+        self.ledger.delete(group.id)
+
+
+def check_servable(config: DriverConfig, request: RolloutGroupRequest) -> None:
+    """Refuses what this driver cannot serve before anything is recorded: an unknown task, a search, an
+    id that cannot be addressed again, a policy endpoint that is not an http(s) URL."""
+    task_dir_for(config, request.task_id)
+    if request.search is not None:
+        raise RequestRefused("Configure Sprout miles.review for search rollouts: this driver serves plain groups "
+                             "(no search)")
+    if not ID_PATTERN.fullmatch(request.rollout_job_id):
+        raise RequestRefused("rollout_job_id must be 1-200 letters, digits, '.', '_', ':' or '-'")
+    try:
+        policy_endpoint(request.model_endpoint, None)
+    except SproutError as e:
+        raise RequestRefused(str(e)) from None
 
 
 def group_result(group: GroupRow) -> RolloutGroupResult:
@@ -229,7 +260,5 @@ def group_result(group: GroupRow) -> RolloutGroupResult:
 
 def _safe(group_id: str) -> str:
     """A directory name for a group id (ids are the client's: keep them readable but harmless)."""
-    import hashlib
-
     cleaned = "".join(c if c.isalnum() or c in "-_." else "_" for c in group_id)[:80].lstrip(".")
     return f"{cleaned}-{hashlib.sha256(group_id.encode()).hexdigest()[:8]}"

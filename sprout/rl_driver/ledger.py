@@ -22,6 +22,7 @@ from sqlalchemy import (
     Text,
     create_engine,
     delete,
+    exists,
     insert,
     select,
     update,
@@ -29,6 +30,9 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 
 from ..runstore.db import parse_url
+
+LIVE = ("queued", "running")
+DELETING = "deleting"  # DELETEd, its samples still stopping; answered as unknown, its id not yet free
 
 _metadata = MetaData()
 groups = Table(
@@ -116,27 +120,39 @@ class Ledger:
                         slots=[_slot(s) for s in slot_rows])
 
     def unfinished(self) -> list[str]:
-        """Groups still queued or running, oldest first."""
+        """Groups still queued or running, or being deleted, oldest first."""
         with self.engine.connect() as conn:
-            rows = conn.execute(select(groups.c.id).where(groups.c.status.in_(("queued", "running")))
+            rows = conn.execute(select(groups.c.id).where(groups.c.status.in_((*LIVE, DELETING)))
                                 .order_by(groups.c.submitted_at)).all()
         return [r.id for r in rows]
 
     def set_status(self, group_id: str, status: str, stop_reason: str | None = None,
-                   finished_at: float | None = None) -> None:
-        self._write(update(groups).where(groups.c.id == group_id).values(
-            status=status, stop_reason=stop_reason, finished_at=finished_at))
+                   finished_at: float | None = None, *, only_live: bool = True) -> bool:
+        """Sets a group's status; with `only_live`, only while it is queued or running (a terminal status
+        is never left, a group being deleted stays so). Whether it was set."""
+        condition = [groups.c.id == group_id] + ([groups.c.status.in_(LIVE)] if only_live else [])
+        return self._write(update(groups).where(*condition).values(
+            status=status, stop_reason=stop_reason, finished_at=finished_at)) > 0
 
-    def set_slot(self, group_id: str, slot_id: str, *, state: str, job_id: int | None = None,
+    def set_slot(self, group_id: str, generation: float, slot_id: str, *, state: str, job_id: int | None = None,
                  trajectory: dict[str, Any] | None = None, failure: str | None = None,
-                 budget: dict[str, float] | None = None) -> None:
+                 budget: dict[str, float] | None = None) -> bool:
+        """Records a slot of the group submitted at `generation`, while that group is queued or running
+        (a late sample of a finished, deleted or resubmitted group changes nothing). Whether it did."""
         values: dict[str, Any] = {"state": state, "trajectory": None if trajectory is None else json.dumps(trajectory),
                                   "failure": failure}
         if job_id is not None:
             values["job_id"] = job_id
         if budget is not None:
             values["budget"] = json.dumps(budget)
-        self._write(update(slots).where(slots.c.group_id == group_id, slots.c.slot_id == slot_id).values(**values))
+        live = exists().where(groups.c.id == group_id, groups.c.submitted_at == generation, groups.c.status.in_(LIVE))
+        return self._write(update(slots).where(slots.c.group_id == group_id, slots.c.slot_id == slot_id, live)
+                           .values(**values)) > 0
+
+    def fail_unfinished_slots(self, group_id: str, reason: str) -> None:
+        """Marks the slots still pending or running failed (the group's time is up)."""
+        self._write(update(slots).where(slots.c.group_id == group_id, slots.c.state.in_(("pending", "running")))
+                    .values(state="failed", failure=reason))
 
     def delete(self, group_id: str) -> None:
         with self._lock, self.engine.begin() as conn:
@@ -146,9 +162,9 @@ class Ledger:
     def close(self) -> None:
         self.engine.dispose()
 
-    def _write(self, statement) -> None:
+    def _write(self, statement) -> int:
         with self._lock, self.engine.begin() as conn:
-            conn.execute(statement)
+            return conn.execute(statement).rowcount
 
 
 def _slot(row) -> SlotRow:

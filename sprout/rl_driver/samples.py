@@ -23,11 +23,12 @@ from harbor.models.trial.paths import EnvironmentPaths
 
 from ..agent.journal import Journal, read_journal
 from ..agent.models import Endpoint, SamplingParams
-from ..agent.runner import RolloutSpec
+from ..agent.runner import RolloutCancelled, RolloutSpec
 from ..method.backend import LocalBackend, RolloutDone, RolloutRequest
 from ..sandbox import Store
 from ..sandbox.errors import CheckpointNotFound, SproutError
 from ..sandbox.rootfs import O_PATH, open_in_root
+from ..sandbox.slots import HostSlots, SlotWaitStopped
 from ..tasks import GradeResult, load_task
 from .export import TOOLS_BY_MODEL_CLASS, ExportError, export_messages, journal_messages
 from .protocol import RolloutGroupRequest, SampleSlot
@@ -42,6 +43,7 @@ class SamplePlan:
     """What one slot runs; paths are the same on every host that runs samples (a shared filesystem)."""
 
     group_id: str
+    generation: float  # when the group was submitted: one submission of an id, apart from a later one
     request: RolloutGroupRequest
     slot: SampleSlot
     task_dir: Path
@@ -50,10 +52,12 @@ class SamplePlan:
     key_env: str | None
     command_timeout_s: int
     token_limit: int
+    job_id: int | None = None  # the Run Store job already running it (a restarted driver waits on it)
 
     @property
     def attempt(self) -> str:
-        digest = hashlib.sha256(f"{self.group_id}\n{self.slot.sample_slot_id}".encode()).hexdigest()[:12]
+        key = f"{self.group_id}\n{self.generation}\n{self.slot.sample_slot_id}"
+        digest = hashlib.sha256(key.encode()).hexdigest()[:12]
         return f"rl-{digest}-{self.slot.sample_index}"
 
     @property
@@ -73,39 +77,62 @@ class SamplePlan:
 
 
 class SampleBackend(Protocol):
+    """Where samples run. On close, one that `detaches` leaves its samples running (the next driver finds
+    them again); the others' samples are stopped."""
+
     def run(self, plan: SamplePlan, stop: threading.Event, on_job: Callable[[int], None]) -> RolloutDone: ...
+
+    def close(self) -> None: ...
 
 
 class LocalSamples:
-    """Samples run in this process, in this host's store."""
+    """Samples run in this process, in this host's store, each in one of the host's slots (the agent's
+    wall time is what is left of the group's once the slot is free)."""
 
     def __init__(self, store: Store):
         self.store = store
+        self.slots = HostSlots(store.root)
 
     def run(self, plan: SamplePlan, stop: threading.Event, on_job: Callable[[int], None]) -> RolloutDone:
         from ..method.executor import discard
 
         if plan.journal.exists():  # a sample the previous driver process did not finish: start it again
             discard(self.store, plan.journal)
-        backend = LocalBackend(self.store, load_task(plan.task_dir))
-        return backend.rollout(plan.rollout_request(), None, stop)
+        backend = LocalBackend(self.store, load_task(plan.task_dir), hold_slots=False)
+        try:
+            with self.slots.hold(stop):
+                return backend.rollout(plan.rollout_request(), None, stop)
+        except SlotWaitStopped:
+            raise RolloutCancelled("stopped while waiting for a free slot on this host") from None
+
+    def close(self) -> None:
+        pass
 
 
 class RunStoreSamples:
-    """Samples as Run Store rollout jobs; a restarted driver finds a slot's job again by its
-    idempotency key instead of submitting a second one."""
+    """Samples as Run Store rollout jobs. A restarted driver waits on a slot's recorded job, or finds it
+    by its idempotency key, instead of submitting a second one; closing detaches from the jobs (they run
+    on, for the next driver) rather than cancelling them."""
+
+    detaches = True  # on close: its jobs run on, for the next driver
 
     def __init__(self, client, wait_s: float):
         self.client, self.wait_s = client, wait_s
+        self.detach = threading.Event()
 
     def run(self, plan: SamplePlan, stop: threading.Event, on_job: Callable[[int], None]) -> RolloutDone:
         from ..worker.remote import rollout_done, rollout_payload, submit_job, wait_job
 
-        payload = rollout_payload(plan.rollout_request(), plan.task_dir, deadline_unix=plan.deadline_unix)
-        job = submit_job(self.client, payload, group_id=plan.group_id[:200],
-                         idempotency_key=f"{plan.attempt}-{int(plan.deadline_unix * 1000)}")
-        on_job(job.id)
-        return rollout_done(wait_job(self.client, job, wait_s=self.wait_s, stop=stop))
+        if plan.job_id is not None:
+            job = self.client.get(plan.job_id)
+        else:
+            payload = rollout_payload(plan.rollout_request(), plan.task_dir, deadline_unix=plan.deadline_unix)
+            job = submit_job(self.client, payload, group_id=plan.group_id[:200], idempotency_key=plan.attempt)
+            on_job(job.id)
+        return rollout_done(wait_job(self.client, job, wait_s=self.wait_s, stop=stop, detach=self.detach))
+
+    def close(self) -> None:
+        self.detach.set()
 
 
 def policy_endpoint(url: str, key_env: str | None) -> Endpoint:
@@ -155,6 +182,8 @@ def sample_result(plan: SamplePlan, done: RolloutDone, job_id: int | None, store
     status, stop_reason = "completed", None
     if outcome.exit_status != "Submitted":
         status, stop_reason = "truncated", STOP_REASONS.get(outcome.exit_status, "interrupted")
+    if stop_reason == "max_turns_reached" and budget["model_calls"] < plan.request.max_turns:
+        stop_reason = "interrupted"  # the token limit, not max_turns
     if stop_reason == "interrupted" and not journal.turns:
         return SampleResult(None, f"actor failed: {outcome.exit_status}: {outcome.message}"[:500], budget)
     try:

@@ -98,6 +98,7 @@ def _seconds_until(deadline_unix: float) -> int:
 def _finished_rollout(store, previous, options: RolloutOptions, task, host: str) -> dict[str, Any]:
     """The result of a rollout a dead worker finished but did not report; asked for a grade, its final
     checkpoint is graded in a branch (the live sandbox is gone)."""
+    from ..sandbox.errors import CheckpointNotFound
     from ..tasks import grade as grade_checkpoint
 
     checkpoints = [t.checkpoint for t in previous.turns if t.checkpoint]
@@ -105,8 +106,12 @@ def _finished_rollout(store, previous, options: RolloutOptions, task, host: str)
     done = _rollout_result(previous.outcome, Path(options.journal), checkpoints, previous.header.host or host)
     final = previous.outcome.final_checkpoint
     if task is not None and options.grade_trial_dir and final in checkpoints:
-        result = grade_checkpoint(store, store.checkpoint(final), task, trial_dir=Path(options.grade_trial_dir))
-        done["grade"] = result.model_dump(mode="json")
+        try:
+            checkpoint = store.checkpoint(final)
+        except CheckpointNotFound:  # made on another host: the rollout stands, ungraded
+            return done
+        done["grade"] = grade_checkpoint(store, checkpoint, task, trial_dir=Path(options.grade_trial_dir)
+                                         ).model_dump(mode="json")
     return done
 
 

@@ -71,12 +71,18 @@ def submit_job(client, payload: Payload, *, group_id: str, **opts: Any) -> Job:
         raise SproutError(f"the Run Store at {client.url} refused a {kind} job: {e}") from None
 
 
+class JobDetached(SproutError):
+    """The waiter stopped waiting (`detach`), the job left to run."""
+
+
 def wait_job(client, job: Job, *, wait_s: float = WAIT_S, timeout_s: float | None = None,
-             on_poll: Callable[[], None] | None = None, stop: threading.Event | None = None) -> Any:
+             on_poll: Callable[[], None] | None = None, stop: threading.Event | None = None,
+             detach: threading.Event | None = None) -> Any:
     """Waits for a submitted job's result, long-polling its group's events (the job is read again when
     one is about it); a failed or cancelled job raises SproutError. Interrupted, or once `stop` is set
     (then raising RolloutCancelled, within `wait_s`), it cancels the job: the worker's next heartbeat
-    stops its handler. `on_poll` is called after every wait (at most `wait_s` apart)."""
+    stops its handler. Once `detach` is set it raises JobDetached and leaves the job running. `on_poll`
+    is called after every wait (at most `wait_s` apart)."""
     stop = stop or threading.Event()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     seq = 0
@@ -86,6 +92,8 @@ def wait_job(client, job: Job, *, wait_s: float = WAIT_S, timeout_s: float | Non
                 raise SproutError(f"{job.kind} job {job.id} did not finish in {timeout_s:g}s (state {job.state})")
             if stop.is_set():
                 raise RolloutCancelled(f"{job.kind} job {job.id} was stopped")
+            if detach is not None and detach.is_set():
+                raise JobDetached(f"stopped waiting for {job.kind} job {job.id}; it runs on")
             try:
                 seq, changed = _wait_for_events(client, job, seq, wait_s, stop)
                 if changed:
@@ -95,6 +103,8 @@ def wait_job(client, job: Job, *, wait_s: float = WAIT_S, timeout_s: float | Non
                                   f"{e}") from None
             if on_poll is not None:
                 on_poll()
+    except JobDetached:
+        raise
     except BaseException:
         if job.state not in TERMINAL:
             try:

@@ -15,9 +15,10 @@ def test_a_group_survives_a_new_ledger_on_the_same_database(db_url):  # noqa: F8
     assert first.add_group("g", "digest", {"prompt_group_id": "3"}, 1000.0, SLOTS, used=2)
     assert not first.add_group("g", "other", {}, 2000.0, SLOTS, used=3)  # the id is taken
     first.set_status("g", "running")
-    first.set_slot("g", "g:slot:11", state="running", job_id=7)
-    first.set_slot("g", "g:slot:11", state="done", trajectory={"reward": 1.0}, budget={"model_calls": 3})
-    first.set_slot("g", "g:slot:12", state="failed", failure="actor failed: boom")
+    assert first.set_slot("g", 1000.0, "g:slot:11", state="running", job_id=7)
+    assert first.set_slot("g", 1000.0, "g:slot:11", state="done", trajectory={"reward": 1.0}, budget={"model_calls": 3})
+    assert first.set_slot("g", 1000.0, "g:slot:12", state="failed", failure="actor failed: boom")
+    assert not first.set_slot("g", 999.0, "g:slot:13", state="failed")  # another submission of the id
     first.close()
 
     second = Ledger(db_url)  # a restarted driver
@@ -29,8 +30,11 @@ def test_a_group_survives_a_new_ledger_on_the_same_database(db_url):  # noqa: F8
         ("g:slot:11", "done", 7), ("g:slot:12", "failed", None), ("g:slot:13", "unused", None)]
     assert group.slots[0].trajectory == {"reward": 1.0} and group.slots[0].budget == {"model_calls": 3}
     assert group.slots[1].failure == "actor failed: boom"
-    second.set_status("g", "early_stopped", "1 of 2 samples failed", 1010.0)
+    assert second.set_status("g", "early_stopped", "1 of 2 samples failed", 1010.0)
     assert second.unfinished() == [] and second.group("g").stop_reason == "1 of 2 samples failed"
+    assert not second.set_status("g", "failed")  # a terminal status is never left
+    assert not second.set_slot("g", 1000.0, "g:slot:13", state="done")  # nor its slots changed
+    assert second.set_status("g", "deleting", only_live=False) and second.unfinished() == ["g"]
     second.delete("g")
     assert second.group("g") is None
     assert second.add_group("g", "digest", {}, 3000.0, SLOTS, used=1)  # a deleted id can be used again
