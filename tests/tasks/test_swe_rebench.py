@@ -1,0 +1,360 @@
+"""SWE-rebench V2: loading instances, the user's parsers file, the official verdict rules, and grading
+in a fresh sandbox of a local image holding a small git repository (/calc) with a failing pytest test."""
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sprout.sandbox import Store
+from sprout.tasks.swe_rebench import Instance, SweRebenchError, load_instances, repo_dir
+from sprout.tasks.swe_rebench_grade import (
+    SweGradeError,
+    agent_diff,
+    grade_instance,
+    load_parsers,
+    strip_timing,
+    touched_test_paths,
+    verdict,
+)
+from tests.conftest import REPO, RUNTIME_BIN
+
+python_only = pytest.mark.python_only
+BASE_IMAGE = "docker.io/library/python:3.11"  # has git and pytest here (bootstrapped Debian python3)
+IMAGE = "localhost/sprout-test/swe-rebench-calc:1"
+
+PARSERS = '''
+from lib.agent.swe_constants import TestStatus
+
+
+def parse_log_pytest(log: str) -> dict[str, str]:
+    """`-rA` summary lines: STATUS name [- message]."""
+    statuses = {}
+    for line in log.splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0] in TestStatus.__members__:
+            statuses[words[1]] = TestStatus[words[0]].value
+    return statuses
+
+
+def parse_log_two_args(log, test_spec):
+    return {"t": "PASSED"} if test_spec is None else {}
+
+
+NAME_TO_PARSER = {"parse_log_pytest": parse_log_pytest, "parse_log_pytest_v2": parse_log_pytest}
+'''
+
+ROW = {"instance_id": "acme__calc-1", "repo": "acme/calc", "base_commit": "abc123", "patch": "",
+       "test_patch": "diff --git a/tests/test_mul.py b/tests/test_mul.py\n", "problem_statement": "mul is wrong",
+       "FAIL_TO_PASS": ["tests/test_mul.py::test_mul"], "PASS_TO_PASS": ["tests/test_ops.py::test_add"],
+       "image_name": IMAGE, "language": "python", "meta": {"x": 1},
+       "install_config": {"test_cmd": "python -m pytest -rA tests", "log_parser": "parse_log_pytest",
+                          "install": ["pip install -e ."], "base_image_name": "python:3.11", "docker_specs": None}}
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request):
+    """Replaces the task layer's leak check (it needs a store even for python-only tests): the podman
+    tests below clean up what they make themselves."""
+    yield
+
+
+# ---------------------------------------------------------------- loading
+
+
+@python_only
+def test_loads_jsonl_with_sha_and_keeps_config(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [ROW, {**ROW, "instance_id": "acme__calc-2",
+                                                     "FAIL_TO_PASS": json.dumps(["a", "b"]),
+                                                     "PASS_TO_PASS": "[]"}])
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    loaded = load_instances(path, digest)
+    assert loaded.sha256 == digest and not loaded.problems
+    first, second = loaded.instances
+    assert first.install_config.test_cmd == ["python -m pytest -rA tests"]
+    assert first.install_config.log_parser == "parse_log_pytest"
+    assert first.install_config.model_extra["base_image_name"] == "python:3.11"
+    assert not hasattr(first, "language")
+    assert second.FAIL_TO_PASS == ["a", "b"] and second.PASS_TO_PASS == []
+    assert repo_dir(first) == "/calc"
+    assert load_instances(path, f"sha256:{digest}").get("acme__calc-2").FAIL_TO_PASS == ["a", "b"]
+
+
+@python_only
+def test_sha_mismatch_is_one_clear_error(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [ROW])
+    with pytest.raises(SweRebenchError, match="not the pinned 0000"):
+        load_instances(path, "0000")
+
+
+@python_only
+def test_bad_rows_are_reported_by_id_and_line(tmp_path):
+    no_parser = {**ROW, "instance_id": "bad-parser", "install_config": {"test_cmd": ["x"]}}
+    no_cmd = {**ROW, "instance_id": "bad-cmd", "install_config": {"test_cmd": [" "], "log_parser": "p"}}
+    bad_f2p = {**ROW, "instance_id": "bad-f2p", "FAIL_TO_PASS": "not json"}
+    path = write_jsonl(tmp_path / "d.jsonl", [ROW, "{not json", no_parser, no_cmd, bad_f2p, ROW, [1]])
+    loaded = load_instances(path)
+    assert [i.instance_id for i in loaded.instances] == ["acme__calc-1"]
+    found = {(p.row, p.instance_id): p.problem for p in loaded.problems}
+    assert set(found) == {(2, None), (3, "bad-parser"), (4, "bad-cmd"), (5, "bad-f2p"), (6, "acme__calc-1"),
+                          (7, None)}
+    assert "log_parser" in found[(3, "bad-parser")] and "test_cmd" in found[(4, "bad-cmd")]
+    assert "duplicate" in found[(6, "acme__calc-1")]
+    with pytest.raises(SweRebenchError, match="its row was rejected"):
+        loaded.get("bad-f2p")
+
+
+@python_only
+def test_check_lists_bad_rows_and_prints_the_sha(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [ROW, {**ROW, "instance_id": "bad-f2p", "FAIL_TO_PASS": "x"}])
+    run = [sys.executable, "-m", "sprout.tasks.swe_rebench_cli", "check", str(path)]
+    checked = subprocess.run(run, capture_output=True, text=True, cwd=REPO)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert checked.returncode == 1 and f"1 instances, 1 bad rows; sha256 {digest}" in checked.stdout
+    assert "row 2 (bad-f2p)" in checked.stderr
+    wrong = subprocess.run([*run, "--sha256", "0" * 64], capture_output=True, text=True, cwd=REPO)
+    assert wrong.returncode == 1 and "sha256" in wrong.stderr and "Traceback" not in wrong.stderr
+
+
+@python_only
+def test_loads_a_json_list(tmp_path):
+    (tmp_path / "d.json").write_text(json.dumps([ROW, "x"]))
+    loaded = load_instances(tmp_path / "d.json")
+    assert [i.instance_id for i in loaded.instances] == ["acme__calc-1"]
+    assert [(p.row, p.problem) for p in loaded.problems] == [(1, "not a JSON object")]
+
+
+@python_only
+def test_loads_parquet(tmp_path):
+    import pyarrow as pa  # installed with the harbor extra (datasets)
+    import pyarrow.parquet as pq
+
+    row = {**ROW, "install_config": json.dumps(ROW["install_config"]), "meta": "m"}
+    pq.write_table(pa.Table.from_pylist([row]), tmp_path / "d.parquet")
+    assert load_instances(tmp_path / "d.parquet").instances[0].install_config.test_cmd == [
+        "python -m pytest -rA tests"]
+
+
+# ---------------------------------------------------------------- parsers and verdicts
+
+
+@python_only
+def test_parsers_load_by_path_pinned_by_sha(tmp_path):
+    path = tmp_path / "log_parsers.py"
+    path.write_text(PARSERS)
+    digest = hashlib.sha256(PARSERS.encode()).hexdigest()
+    parsers = load_parsers(path, digest)
+    assert parsers.grader_revision == f"sha256:{digest}"
+    parse = parsers.get("parse_log_pytest")
+    assert parse("PASSED tests/a.py::t\nFAILED tests/b.py::u - assert 1\nnoise") == {
+        "tests/a.py::t": "PASSED", "tests/b.py::u": "FAILED"}
+    assert parsers.get("parse_log_two_args")("") == {"t": "PASSED"}  # a swebench-style (log, test_spec) one
+    with pytest.raises(SweGradeError, match="not the pinned"):
+        load_parsers(path, "sha256:" + "0" * 64)
+
+
+@python_only
+def test_missing_parser_name_lists_close_names(tmp_path):
+    path = tmp_path / "log_parsers.py"
+    path.write_text(PARSERS)
+    with pytest.raises(SweGradeError, match="no log parser 'parse_log_pytst'.*close names: parse_log_pytest"):
+        load_parsers(path).get("parse_log_pytst")
+    broken = tmp_path / "broken.py"
+    broken.write_text("import no_such_module_here\n")
+    with pytest.raises(SweGradeError, match="failed to import: ModuleNotFoundError"):
+        load_parsers(broken)
+
+
+@python_only
+@pytest.mark.parametrize("name, stripped", [
+    ("test_x [1.34 ms]", "test_x"), ("test_x [123 ms]", "test_x"), ("Suite::t [2 S]", "Suite::t"),
+    ("botan test in 29.08 msec", "botan test"), ("x in 1 sec and more", "x and more"),
+    ("TestA (1.234s)", "TestA"), ("TestA (123ms)", "TestA"), ("TestA ( 5 ms )", "TestA"),
+    ("test[param] ", "test[param]"), ("test (slow)", "test (slow)"), ("in 3 runs", "in 3 runs"),
+    ("test [1.3 ms] tail", "test [1.3 ms] tail"),
+])
+def test_strip_timing(name, stripped):
+    assert strip_timing(name) == stripped
+
+
+@python_only
+def test_verdict_exact_and_lenient():
+    f2p, p2p = ["a (1.2s)", "b"], ["c"]
+    exact = verdict({"a": "PASSED", "b [3 ms]": "PASSED", "c": "PASSED", "d": "FAILED"}, f2p, p2p)
+    assert exact.exact and exact.lenient and exact.resolved and exact.passed == ["a", "b", "c"]
+    extra = verdict({"a": "PASSED", "b": "PASSED", "c": "PASSED", "e": "PASSED"}, f2p, p2p)
+    assert not extra.exact and extra.lenient and not extra.resolved and extra.unexpected_passed == ["e"]
+    assert verdict({"a": "PASSED", "b": "PASSED", "c": "PASSED", "e": "PASSED"}, f2p, p2p, "lenient").resolved
+    broken = verdict({"a": "PASSED", "b": "FAILED", "c": "SKIPPED"}, f2p, p2p, "lenient")
+    assert not broken.exact and not broken.lenient and not broken.resolved
+    assert broken.fail_to_pass_missing == ["b"] and broken.pass_to_pass_failed == ["c"]
+
+
+@python_only
+def test_touched_test_paths():
+    test_patch = ("diff --git a/tests/test_mul.py b/tests/test_mul.py\nnew file mode 100644\n"
+                  "diff --git a/tests/data dir/x.txt b/tests/data dir/x.txt\n")
+    agent = ("diff --git a/calc/ops.py b/calc/ops.py\n--- a/calc/ops.py\n"
+             "diff --git a/tests/test_mul.py b/tests/test_mul.py\n"
+             "diff --git a/tests/data dir/x.txt b/tests/data dir/x.txt\n")
+    assert touched_test_paths(agent, test_patch) == ["tests/data dir/x.txt", "tests/test_mul.py"]
+    assert touched_test_paths("diff --git a/calc/ops.py b/calc/ops.py\n", test_patch) == []
+
+
+@python_only
+def test_grade_without_the_parser_has_no_verdict(tmp_path):
+    path = tmp_path / "log_parsers.py"
+    path.write_text(PARSERS)
+    instance = Instance.model_validate({**ROW, "install_config": {"test_cmd": "x", "log_parser": "parse_log_go"}})
+    grade = grade_instance(None, instance, "", load_parsers(path), timeout_s=5)  # type: ignore[arg-type]
+    assert grade.reward is None and grade.zero_reason == "grade_failed" and "parse_log_go" in grade.error
+
+
+# ---------------------------------------------------------------- grading in sandboxes
+
+BUGGY = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a + b\n"
+TEST_ADD = "from calc.ops import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+TEST_PATCH = """diff --git a/tests/test_mul.py b/tests/test_mul.py
+new file mode 100644
+--- /dev/null
++++ b/tests/test_mul.py
+@@ -0,0 +1,5 @@
++from calc.ops import mul
++
++
++def test_mul():
++    assert mul(2, 3) == 6
+"""
+TEST_CMD = "python3 -m pytest -rA -p no:cacheprovider tests"
+DOCKERFILE = f"""FROM {BASE_IMAGE}
+COPY calc /calc
+RUN cd /calc && git init -q && git add -A && \\
+    git -c user.name=t -c user.email=t@t commit -qm base && git rev-parse HEAD > /base_commit
+WORKDIR /calc
+"""
+
+
+@pytest.fixture(scope="module", params=["runtime", "podman-exec"])
+def calc(request, tmp_path_factory, base_store: Store):
+    """(store, base instance, parsers): the image built from BASE_IMAGE offline, removed afterwards; once
+    with commands through sprout-runtime and once through `podman exec`."""
+    check = subprocess.run(["podman", "run", "--rm", "--network", "none", BASE_IMAGE, "sh", "-c",
+                            "git --version && python3 -m pytest --version"], capture_output=True, text=True)
+    assert check.returncode == 0, f"{BASE_IMAGE} (ops/setup_podman.sh bootstraps it) lacks git or pytest: " \
+        f"{check.stdout}{check.stderr}"
+    context = tmp_path_factory.mktemp("calc-image")
+    (context / "calc" / "calc").mkdir(parents=True)
+    (context / "calc" / "tests").mkdir()
+    (context / "calc" / "calc" / "__init__.py").write_text("")
+    (context / "calc" / "calc" / "ops.py").write_text(BUGGY)
+    (context / "calc" / "tests" / "test_ops.py").write_text(TEST_ADD)
+    (context / "Dockerfile").write_text(DOCKERFILE)
+    subprocess.run(["podman", "build", "--pull=never", "--network", "none", "-q", "-t", IMAGE, str(context)],
+                   check=True, capture_output=True)
+    base = subprocess.run(["podman", "run", "--rm", "--network", "none", IMAGE, "cat", "/base_commit"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    assert request.param != "runtime" or RUNTIME_BIN.exists(), "run ops/setup_podman.sh first (runtime/sprout-runtime)"
+    store = Store(base_store.root, runtime_bin=RUNTIME_BIN if request.param == "runtime" else None)
+    parsers_path = context / "log_parsers.py"
+    parsers_path.write_text(PARSERS)
+    instance = Instance.model_validate({**ROW, "base_commit": base, "test_patch": TEST_PATCH,
+                                        "install_config": {"test_cmd": [TEST_CMD], "log_parser": "parse_log_pytest"}})
+    before = {s.id for s in store.sandboxes()}
+    yield store, instance, load_parsers(parsers_path)
+    leaked = [s for s in store.sandboxes() if s.id not in before]
+    for sandbox in leaked:
+        sandbox.destroy()
+    for image in store.images():
+        if IMAGE in image.names:
+            store.remove_image(image.key)
+    subprocess.run(["podman", "rmi", "-f", IMAGE], capture_output=True)
+    assert not leaked, f"left behind: {[s.id for s in leaked]}"
+
+
+def diff_after(store: Store, instance: Instance, command: str) -> str:
+    """The agent's diff after `command` ran in a sandbox of the image, taken live and from a checkpoint
+    (both must agree); the sandbox and checkpoint are removed."""
+    sandbox = store.create_sandbox(IMAGE, label="swe-test agent")
+    try:
+        assert sandbox.exec(command, cwd="/calc").exit_code == 0
+        status = sandbox.exec("git status --porcelain", cwd="/calc").output
+        live = agent_diff(sandbox, instance)
+        assert sandbox.exec("git status --porcelain", cwd="/calc").output == status  # its index is untouched
+        checkpoint = sandbox.checkpoint(label="swe-test agent")
+        try:
+            assert agent_diff(checkpoint, instance) == live
+        finally:
+            store.remove_checkpoint(checkpoint.id, force=True)
+        return live
+    finally:
+        sandbox.destroy()
+
+
+def test_fix_is_resolved_and_the_diff_has_untracked_files(calc):
+    store, instance, parsers = calc
+    diff = diff_after(store, instance, "sed -i '$ s/a + b/a * b/' calc/ops.py && printf 'X = 1\\n' > calc/new.py"
+                      " && printf '\\x00\\x01' > calc/blob.bin")
+    assert "calc/new.py" in diff and "GIT binary patch" in diff and "a * b" in diff
+    grade = grade_instance(store, instance, diff, parsers, timeout_s=120)
+    assert grade.reward == 1.0 and grade.resolved_exact and grade.resolved_lenient, grade
+    assert grade.zero_reason is None and grade.touched_test_paths == []
+    assert grade.statuses == {"tests/test_mul.py::test_mul": "PASSED", "tests/test_ops.py::test_add": "PASSED"}
+    assert grade.grader_revision == parsers.grader_revision
+
+
+def test_no_change_and_wrong_change_are_not_resolved(calc):
+    store, instance, parsers = calc
+    nothing = grade_instance(store, instance, "", parsers, timeout_s=120)
+    assert nothing.reward == 0.0 and nothing.zero_reason == "not_resolved" and not nothing.resolved_lenient
+    assert nothing.fail_to_pass_missing == ["tests/test_mul.py::test_mul"]
+    wrong = diff_after(store, instance, "sed -i '$ s/a + b/a * b + 1/' calc/ops.py")
+    grade = grade_instance(store, instance, wrong, parsers, timeout_s=120)
+    assert grade.reward == 0.0 and grade.zero_reason == "not_resolved" and grade.resolved_exact is False, grade
+    assert grade.statuses["tests/test_mul.py::test_mul"] == "FAILED" and grade.touched_test_paths == []
+
+
+def test_agent_writing_the_test_file_is_recorded(calc):
+    """The agent's own tests/test_mul.py collides with test_patch's new file: it does not apply (as the
+    official harness, whose `set -e` stops there), and the touched test path is recorded."""
+    store, instance, parsers = calc
+    diff = diff_after(store, instance, "sed -i '$ s/a + b/a * b/' calc/ops.py && "
+                      "printf 'def test_mul():\\n    pass\\n' > tests/test_mul.py")
+    grade = grade_instance(store, instance, diff, parsers, timeout_s=120)
+    assert grade.reward == 0.0 and grade.touched_test_paths == ["tests/test_mul.py"], grade
+    assert grade.zero_reason == "patch_failed" and "test_patch did not apply" in grade.error
+
+
+def test_patch_that_does_not_apply_is_zero(calc):
+    store, instance, parsers = calc
+    bad = ("diff --git a/calc/ops.py b/calc/ops.py\n--- a/calc/ops.py\n+++ b/calc/ops.py\n"
+           "@@ -1,2 +1,2 @@\n-def nothing_like_this():\n+def other():\n     pass\n")
+    grade = grade_instance(store, instance, bad, parsers, timeout_s=120)
+    assert grade.reward == 0.0 and grade.zero_reason == "patch_failed" and not grade.resolved_exact, grade
+    assert "agent's diff did not apply" in grade.error and grade.statuses == {}
+
+
+def test_hanging_tests_are_cut_off(calc):
+    store, instance, parsers = calc
+    hanging = instance.model_copy(update={"install_config": instance.install_config.model_copy(
+        update={"test_cmd": [f"{TEST_CMD} || true", "sleep 600"]})})
+    fix = "diff --git a/calc/ops.py b/calc/ops.py\n--- a/calc/ops.py\n+++ b/calc/ops.py\n@@ -5,2 +5,2 @@\n" \
+          " def mul(a, b):\n-    return a + b\n+    return a * b\n"
+    grade = grade_instance(store, hanging, fix, parsers, timeout_s=8)
+    assert grade.reward == 0.0 and grade.zero_reason == "timeout" and grade.duration_s < 60, grade
+    assert grade.statuses["tests/test_mul.py::test_mul"] == "PASSED"  # parsed from what ran before the cut
+
+
+def test_missing_image_has_no_verdict(calc):
+    store, instance, parsers = calc
+    gone = instance.model_copy(update={"image_name": "localhost/sprout-test/no-such-image:0"})
+    grade = grade_instance(store, gone, "", parsers, timeout_s=10, pull="never")
+    assert grade.reward is None and grade.zero_reason == "grade_failed" and "no-such-image" in grade.error
+
