@@ -137,6 +137,11 @@ def repo_dir(instance: Instance) -> str:
     return "/" + PurePosixPath(instance.repo.strip("/")).name
 
 
+def task_prompt(instance: Instance) -> str:
+    """The agent's task, as the Miles example words it."""
+    return f"Work in {repo_dir(instance)} and fix this issue:\n\n{instance.problem_statement}"
+
+
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:

@@ -122,6 +122,13 @@ def test_check_lists_bad_rows_and_prints_the_sha(tmp_path):
     assert "row 2 (bad-f2p)" in checked.stderr
     wrong = subprocess.run([*run, "--sha256", "0" * 64], capture_output=True, text=True, cwd=REPO)
     assert wrong.returncode == 1 and "sha256" in wrong.stderr and "Traceback" not in wrong.stderr
+    out = tmp_path / "miles.jsonl"
+    run[3] = "prepare"
+    prepared = subprocess.run([*run, "-o", str(out)], capture_output=True, text=True, cwd=REPO)
+    assert prepared.returncode == 0 and "skipped row 2 (bad-f2p)" in prepared.stderr
+    (line,) = map(json.loads, out.read_text().splitlines())
+    assert line == {"prompt": [{"role": "user", "content": f"Work in /calc and fix this issue:\n\n{ROW['problem_statement']}"}],
+                    "metadata": {"task_id": "acme__calc-1", "image": ROW["image_name"]}}
 
 
 @python_only
