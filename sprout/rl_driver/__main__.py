@@ -41,7 +41,7 @@ def cmd_serve(args) -> int:
     if not config.driver_token() and config.host not in LOOPBACK:
         raise SproutError(f"refusing to serve on {config.host} without a token: anyone who reaches it could run "
                           f"samples (and be sent the policy key); set ${config.driver_token_env or 'SPROUT_RL_DRIVER_TOKEN'} "
-                          "(and driver_token_env) or listen on 127.0.0.1")
+                          "(with driver_token_env naming it in --config) or listen on 127.0.0.1")
     runstore = config.runstore()
     where = f"Run Store {runstore[0]}" if runstore else f"{config.local_slots} local slots"
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
