@@ -13,10 +13,11 @@ Every task in `tasks_dir` (its directory name is the task_id) is graded by its o
 """
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..agent import defaults
 from ..sandbox.errors import SproutError
@@ -30,17 +31,45 @@ class _Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class SweRebenchSpec(_Config):
+    """A SWE-rebench V2 instance graded as the official harness (sprout.tasks.swe_rebench_grade)."""
+
+    benchmark: Literal["swe-rebench-v2"]
+    instance_id: str
+    dataset_path: Path
+    dataset_sha256: str | None = None  # the dataset file's, checked when given
+    parser_path: Path  # the official log_parsers.py
+    grader_revision: str | None = None  # "sha256:<hex>" of the parsers file, checked when given
+    verifier_network: Literal["allow", "deny"] = "allow"  # the official harness grades with the network
+
+
 class GradeConfig(_Config):
-    profile: Literal["harbor"] = "harbor"  # the task's own Harbor verifier, live in the sample's sandbox
+    """harbor: the task's own Harbor verifier, live in the sample's sandbox; grade: the `spec`'s."""
+
+    profile: Literal["harbor", "grade"] = "harbor"
+    spec: SweRebenchSpec | None = None
+
+    @model_validator(mode="after")
+    def _spec_with_grade(self) -> "GradeConfig":
+        if (self.profile == "grade") != (self.spec is not None):
+            raise ValueError('profile "grade" takes a spec (a SWE-rebench V2 instance), "harbor" none')
+        return self
 
 
 class TaskEntry(_Config):
-    task_dir: Path
+    task_dir: Path | None = None  # a Harbor task (profile harbor)
     grade: GradeConfig | None = None  # required to serve the task: how its samples are rewarded
+
+    @model_validator(mode="after")
+    def _harbor_has_a_dir(self) -> "TaskEntry":
+        if self.grade is not None and self.grade.profile == "harbor" and self.task_dir is None:
+            raise ValueError("a Harbor task (grade profile harbor) needs task_dir")
+        return self
 
 
 class MilesSection(_Config):
     api_key_env: str | None = None  # the variable whose value is sent as the policy's key (never echoed)
+    grade_wall_seconds: float = Field(600.0, ge=240)  # a SWE-rebench grade's test commands, at most
     tasks: dict[str, TaskEntry] = {}
 
 
@@ -98,16 +127,27 @@ class TaskNotServed(SproutError):
     """A request names a task this driver does not know or cannot grade (answered 400)."""
 
 
-def task_dir_for(config: DriverConfig, task_id: str) -> Path:
-    """The Harbor task directory of `task_id`: a configured task, else `tasks_dir/<task_id>`."""
+@dataclass
+class ServedTask:
+    """A task the driver serves: a Harbor task directory, or a SWE-rebench V2 instance."""
+
+    task_dir: Path | None = None
+    swe: SweRebenchSpec | None = None
+
+
+def served_task(config: DriverConfig, task_id: str) -> ServedTask:
+    """What `task_id` names: a configured task, else the Harbor task `tasks_dir/<task_id>`."""
     entry = config.miles.tasks.get(task_id)
     if entry is not None:
         if entry.grade is None:
             raise TaskNotServed(f"Configure Sprout tasks[{task_id!r}].grade for message rollout rewards")
-        return entry.task_dir.expanduser().resolve()
+        if entry.grade.spec is not None:
+            return ServedTask(swe=entry.grade.spec)
+        assert entry.task_dir is not None
+        return ServedTask(task_dir=entry.task_dir.expanduser().resolve())
     if config.tasks_dir is not None and task_id not in (".", "..") and "/" not in task_id:
         candidate = config.tasks_dir.expanduser().resolve() / task_id
         if (candidate / "task.toml").is_file():
-            return candidate
+            return ServedTask(task_dir=candidate)
     where = f"a directory of {config.tasks_dir}" if config.tasks_dir else "a --tasks-dir directory"
     raise TaskNotServed(f"unknown task_id {task_id!r}: it is neither {where} nor a configured task")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..sandbox import Store
 from ..sandbox.errors import SproutError
-from .config import DriverConfig, task_dir_for
+from .config import DriverConfig, ServedTask, served_task
 from .ledger import DELETING, LIVE, GroupRow, Ledger
 from .protocol import TERMINAL_STATUSES, RolloutGroupAck, RolloutGroupRequest, RolloutGroupResult
 from .samples import SampleBackend, SamplePlan, SampleResult, policy_endpoint, sample_result
@@ -67,7 +67,7 @@ class Driver:
                 self._launch(group_id)
 
     def submit(self, request: RolloutGroupRequest) -> RolloutGroupAck:
-        check_servable(self.config, request)  # refused before anything is recorded
+        check_servable(self.config, request, runstore=getattr(self.backend, "detaches", False))
         slots = [(s.sample_slot_id, s.sample_index) for s in request.sample_slots]
         digest = request.body_digest()
         if self.ledger.add_group(request.rollout_job_id, digest, request.wire(), time.time(), slots,
@@ -148,8 +148,8 @@ class Driver:
         deadline = group.submitted_at + request.budgets.max_wall_time_seconds
         finalization = request.finalization_timeout_seconds
         finish_by = deadline + finalization - min(MAX_MARGIN_S, MARGIN * finalization)  # inside Miles' wait
-        task_dir = task_dir_for(self.config, request.task_id)
-        pending = {self._samples.submit(self._run_sample, self._plan(group, request, slot, row.job_id, task_dir,
+        task = served_task(self.config, request.task_id)
+        pending = {self._samples.submit(self._run_sample, self._plan(group, request, slot, row.job_id, task,
                                                                       deadline), stop)
                    for row, slot in zip(group.slots, request.sample_slots, strict=True)
                    if row.state in ("pending", "running")}
@@ -163,10 +163,11 @@ class Driver:
         if not self._closing:
             self._finish(group_id, request)
 
-    def _plan(self, group: GroupRow, request: RolloutGroupRequest, slot, job_id: int | None, task_dir: Path,
+    def _plan(self, group: GroupRow, request: RolloutGroupRequest, slot, job_id: int | None, task: ServedTask,
               deadline: float) -> SamplePlan:
         return SamplePlan(group_id=group.id, generation=group.submitted_at, request=request, slot=slot,
-                          task_dir=task_dir, sample_dir=self._group_dir(group) / f"slot-{slot.sample_index}",
+                          task_dir=task.task_dir, swe=task.swe, grade_wall_s=self.config.miles.grade_wall_seconds,
+                          sample_dir=self._group_dir(group) / f"slot-{slot.sample_index}",
                           deadline_unix=deadline, key_env=self.config.miles.api_key_env, job_id=job_id,
                           command_timeout_s=self.config.command_timeout_s, token_limit=self.config.token_limit)
 
@@ -226,10 +227,14 @@ class Driver:
         self.ledger.delete(group.id)
 
 
-def check_servable(config: DriverConfig, request: RolloutGroupRequest) -> None:
+def check_servable(config: DriverConfig, request: RolloutGroupRequest, *, runstore: bool) -> None:
     """Refuses what this driver cannot serve before anything is recorded: an unknown task, a search, an
-    id that cannot be addressed again, a policy endpoint that is not an http(s) URL."""
-    task_dir_for(config, request.task_id)
+    id that cannot be addressed again, a policy endpoint that is not an http(s) URL, a SWE-rebench
+    instance over a Run Store."""
+    if served_task(config, request.task_id).swe is not None and runstore:
+        raise RequestRefused(f"task {request.task_id!r} is a SWE-rebench V2 instance: those samples run on the "
+                             "driver's local slots (start it without SPROUT_RUNSTORE_URL); over a Run Store they "
+                             "are not wired yet")
     if request.search is not None:
         raise RequestRefused("Configure Sprout miles.review for search rollouts: this driver serves plain groups "
                              "(no search)")

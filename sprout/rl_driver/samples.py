@@ -30,8 +30,10 @@ from ..sandbox.errors import CheckpointNotFound, SproutError
 from ..sandbox.rootfs import O_PATH, open_in_root
 from ..sandbox.slots import HostSlots, SlotWaitStopped
 from ..tasks import GradeResult, load_task
+from .config import SweRebenchSpec
 from .export import TOOLS_BY_MODEL_CLASS, ExportError, export_messages, journal_messages
 from .protocol import RolloutGroupRequest, SampleSlot
+from .swe_samples import run_swe_sample
 
 MODEL_CLASS = "tools"
 STOP_REASONS = {"LimitsExceeded": "max_turns_reached", "TimeExceeded": "timeout"}
@@ -46,7 +48,9 @@ class SamplePlan:
     generation: float  # when the group was submitted: one submission of an id, apart from a later one
     request: RolloutGroupRequest
     slot: SampleSlot
-    task_dir: Path
+    task_dir: Path | None  # a Harbor task
+    swe: SweRebenchSpec | None  # or a SWE-rebench V2 instance
+    grade_wall_s: float  # a SWE-rebench grade's test commands, at most
     sample_dir: Path  # the journal and the verifier's files go here
     deadline_unix: float  # the agent's wall time ends here (submission + max_wall_time_seconds)
     key_env: str | None
@@ -98,9 +102,11 @@ class LocalSamples:
 
         if plan.journal.exists():  # a sample the previous driver process did not finish: start it again
             discard(self.store, plan.journal)
-        backend = LocalBackend(self.store, load_task(plan.task_dir), hold_slots=False)
         try:
             with self.slots.hold(stop):
+                if plan.swe is not None:
+                    return run_swe_sample(self.store, plan, stop)
+                backend = LocalBackend(self.store, load_task(plan.task_dir), hold_slots=False)
                 return backend.rollout(plan.rollout_request(), None, stop)
         except SlotWaitStopped:
             raise RolloutCancelled("stopped while waiting for a free slot on this host") from None
@@ -197,7 +203,8 @@ def sample_result(plan: SamplePlan, done: RolloutDone, job_id: int | None, store
         "checkpoints": [t.checkpoint for t in journal.turns], "host": done.host, "journal": str(plan.journal),
         "provenance": {"prefix_messages": 0, "inserted_messages": []}, "search": None,
         "zero_reason": zero_reason, "exit_status": outcome.exit_status,
-        "touched_test_paths": touched_test_paths(store, plan.task_dir, outcome.final_checkpoint),
+        "touched_test_paths": done.grade.touched_test_paths if done.grade and plan.swe else
+        touched_test_paths(store, plan.task_dir, outcome.final_checkpoint),
         "grade": None if done.grade is None else {"verdict": done.grade.verdict, "mode": done.grade.mode,
                                                   "error": done.grade.error},
     }
@@ -208,11 +215,11 @@ def sample_result(plan: SamplePlan, done: RolloutDone, job_id: int | None, store
     return SampleResult(trajectory, None, budget)
 
 
-def touched_test_paths(store: Store, task_dir: Path, checkpoint_id: str | None) -> list[str] | None:
+def touched_test_paths(store: Store, task_dir: Path | None, checkpoint_id: str | None) -> list[str] | None:
     """The task's test files (Harbor copies tests/ to /tests only to grade) that the graded state
     already had at their paths: what the agent wrote where the tests go. None when that state is not
     in this host's store (a Run Store worker elsewhere graded it)."""
-    if checkpoint_id is None:
+    if checkpoint_id is None or task_dir is None:
         return None
     try:
         root = store.checkpoint(checkpoint_id).path

@@ -37,7 +37,7 @@ from .pull import PullPolicy
 MAX_OUTPUT_CHARS = 64_000  # the tail of test-stdout.txt kept in the result (the file keeps all of it)
 
 Verdict = Literal["pass", "fail", "error"]
-GradeMode = Literal["live", "branch"]
+GradeMode = Literal["live", "branch", "fresh"]  # fresh: a fresh sandbox of the image (SWE-rebench)
 
 
 class GradeResult(BaseModel):
@@ -51,6 +51,7 @@ class GradeResult(BaseModel):
     decided_by: str | None = None  # the rewards key that decides pass: "reward", or the only key
     verifier_environment: Literal["shared", "separate"] = "shared"
     network: str | None = None  # the verifier phase's network, as enforced
+    touched_test_paths: list[str] | None = None  # test files the graded change touched, when they are known
 
 
 async def grade_async(store: Store, source: Checkpoint | Sandbox, task: Task, *, trial_dir: Path | None = None,

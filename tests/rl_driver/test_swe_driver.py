@@ -1,0 +1,94 @@
+"""The RL driver on a SWE-rebench V2 instance: a group whose samples work in the instance's image and are
+graded as the official harness grades them (the agent's diff and the test patch applied in a fresh
+sandbox, the test command run, the log parsed by the pinned parsers file)."""
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sprout.sandbox import Store
+from sprout.tasks.swe_rebench import Instance, task_prompt
+from sprout.testing.scripted_model import ScriptedModelServer
+from tests.conftest import REPO, RUNTIME_BIN, free_port
+from tests.rl_driver.test_driver import (
+    INSTRUCTION,
+    POLICY_KEY,
+    SUBMIT,
+    DriverProcess,
+    MilesShapedClient,
+    endpoint_of,
+    group_request,
+    sandbox_ids,
+    then,
+)
+from tests.tasks.test_swe_rebench import BUGGY, DOCKERFILE, PARSERS, ROW, TEST_ADD, TEST_CMD, TEST_PATCH
+
+IMAGE = "localhost/sprout-test/swe-rebench-calc-driver:1"
+FIX_MUL = "sed -i '$ s/a + b/a \\* b/' calc/ops.py"  # mul is the last line of calc/ops.py
+
+
+@pytest.fixture(scope="module")
+def swe_driver(tmp_path_factory):
+    """A driver serving one SWE-rebench instance (its image built here offline), and that instance."""
+    root = tmp_path_factory.mktemp("swe-driver")
+    context = root / "image"
+    (context / "calc" / "calc").mkdir(parents=True)
+    (context / "calc" / "tests").mkdir()
+    (context / "calc" / "calc" / "__init__.py").write_text("")
+    (context / "calc" / "calc" / "ops.py").write_text(BUGGY)
+    (context / "calc" / "tests" / "test_ops.py").write_text(TEST_ADD)
+    (context / "Dockerfile").write_text(DOCKERFILE)
+    subprocess.run(["podman", "build", "--pull=never", "--network", "none", "-q", "-t", IMAGE, str(context)],
+                   check=True, capture_output=True)
+    base = subprocess.run(["podman", "run", "--rm", "--network", "none", IMAGE, "cat", "/base_commit"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    row = {**ROW, "base_commit": base, "image_name": IMAGE, "test_patch": TEST_PATCH,
+           "install_config": {"test_cmd": [TEST_CMD], "log_parser": "parse_log_pytest"}}
+    dataset = root / "data.jsonl"
+    dataset.write_text(json.dumps(row) + "\n")
+    parsers = root / "log_parsers.py"
+    parsers.write_text(PARSERS)
+    spec = {"benchmark": "swe-rebench-v2", "instance_id": row["instance_id"], "dataset_path": str(dataset),
+            "dataset_sha256": hashlib.sha256(dataset.read_bytes()).hexdigest(), "parser_path": str(parsers),
+            "grader_revision": "sha256:" + hashlib.sha256(parsers.read_bytes()).hexdigest()}
+    config = root / "driver.json"
+    config.write_text(json.dumps({"data_dir": str(root / "data"), "runtime_bin": str(RUNTIME_BIN),
+                                  "miles": {"api_key_env": "SPROUT_MODEL_API_KEY", "grade_wall_seconds": 240,
+                                            "tasks": {row["instance_id"]: {"grade": {"profile": "grade",
+                                                                                      "spec": spec}}}}}))
+    driver = DriverProcess(config, free_port()).start()
+    yield driver, Instance.model_validate(row), dataset
+    driver.stop()
+    store = Store()
+    for image in store.images():
+        if IMAGE in image.names:
+            store.remove_image(image.key)
+    subprocess.run(["podman", "rmi", "-f", IMAGE], capture_output=True)
+
+
+def test_a_group_on_a_swe_rebench_instance_is_graded_as_the_official_harness(swe_driver, tmp_path):
+    driver, instance, dataset = swe_driver
+    out = tmp_path / "miles.jsonl"
+    prepared = subprocess.run([sys.executable, "-m", "sprout.tasks.swe_rebench_cli", "prepare", str(dataset), "-o",
+                               str(out)], cwd=REPO, capture_output=True, text=True)
+    assert prepared.returncode == 0, prepared.stderr
+    (prompt,) = map(json.loads, out.read_text().splitlines())
+    assert prompt["prompt"][0]["content"] == task_prompt(instance) and prompt["metadata"]["image"] == IMAGE
+    before = sandbox_ids()
+    instruction = "fix this issue"
+    script = [{"thought": "fix", "command": FIX_MUL, "match": instruction},
+              {"thought": "look", "command": "git status --short", "match": instruction}] + then(SUBMIT, 2)
+    assert INSTRUCTION not in instruction  # routed by this task's own words
+    with ScriptedModelServer(script, api_key=POLICY_KEY) as model:
+        result = MilesShapedClient(driver.url).run_group(group_request(prompt, endpoint_of(model), 2))
+    assert result["status"] == "completed"
+    by_reward = sorted(result["trajectories"], key=lambda t: t["reward"])
+    assert [t["reward"] for t in by_reward] == [0.0, 1.0]
+    for trajectory in by_reward:
+        meta = trajectory["metadata"]
+        assert meta["zero_reason"] is None and meta["touched_test_paths"] == []
+        assert meta["grade"]["mode"] == "fresh" and meta["source_image"] == IMAGE
+    assert sandbox_ids() <= before  # the agents' and the graders' sandboxes are gone
