@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ..agent import defaults
 from ..sandbox.errors import SproutError
 from ..tasks.pull import PullPolicy
+from ..tasks.swe_rebench import SweRebenchRef
 
 DEFAULT_PORT = 11001
 DEFAULT_DATA_DIR = Path("~/.local/share/sprout/rl-driver")
@@ -31,23 +32,11 @@ class _Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class SweRebenchSpec(_Config):
-    """A SWE-rebench V2 instance graded as the official harness (sprout.tasks.swe_rebench_grade)."""
-
-    benchmark: Literal["swe-rebench-v2"]
-    instance_id: str
-    dataset_path: Path
-    dataset_sha256: str | None = None  # the dataset file's, checked when given
-    parser_path: Path  # the official log_parsers.py
-    grader_revision: str | None = None  # "sha256:<hex>" of the parsers file, checked when given
-    verifier_network: Literal["allow", "deny"] = "allow"  # the official harness grades with the network
-
-
 class GradeConfig(_Config):
     """harbor: the task's own Harbor verifier, live in the sample's sandbox; grade: the `spec`'s."""
 
     profile: Literal["harbor", "grade"] = "harbor"
-    spec: SweRebenchSpec | None = None
+    spec: SweRebenchRef | None = None  # a SWE-rebench V2 instance, graded as the official harness
 
     @model_validator(mode="after")
     def _spec_with_grade(self) -> "GradeConfig":
@@ -132,7 +121,7 @@ class ServedTask:
     """A task the driver serves: a Harbor task directory, or a SWE-rebench V2 instance."""
 
     task_dir: Path | None = None
-    swe: SweRebenchSpec | None = None
+    swe: SweRebenchRef | None = None
 
 
 def served_task(config: DriverConfig, task_id: str) -> ServedTask:

@@ -67,7 +67,7 @@ class Driver:
                 self._launch(group_id)
 
     def submit(self, request: RolloutGroupRequest) -> RolloutGroupAck:
-        check_servable(self.config, request, runstore=getattr(self.backend, "detaches", False))
+        check_servable(self.config, request)
         slots = [(s.sample_slot_id, s.sample_index) for s in request.sample_slots]
         digest = request.body_digest()
         if self.ledger.add_group(request.rollout_job_id, digest, request.wire(), time.time(), slots,
@@ -227,14 +227,10 @@ class Driver:
         self.ledger.delete(group.id)
 
 
-def check_servable(config: DriverConfig, request: RolloutGroupRequest, *, runstore: bool) -> None:
+def check_servable(config: DriverConfig, request: RolloutGroupRequest) -> None:
     """Refuses what this driver cannot serve before anything is recorded: an unknown task, a search, an
-    id that cannot be addressed again, a policy endpoint that is not an http(s) URL, a SWE-rebench
-    instance over a Run Store."""
-    if served_task(config, request.task_id).swe is not None and runstore:
-        raise RequestRefused(f"task {request.task_id!r} is a SWE-rebench V2 instance: those samples run on the "
-                             "driver's local slots (start it without SPROUT_RUNSTORE_URL); over a Run Store they "
-                             "are not wired yet")
+    id that cannot be addressed again, a policy endpoint that is not an http(s) URL."""
+    served_task(config, request.task_id)
     if request.search is not None:
         raise RequestRefused("Configure Sprout miles.review for search rollouts: this driver serves plain groups "
                              "(no search)")

@@ -11,6 +11,7 @@ Run Store, workers call a URL a job names with no key at all (sprout.runstore.en
 import hashlib
 import math
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -30,10 +31,10 @@ from ..sandbox.errors import CheckpointNotFound, SproutError
 from ..sandbox.rootfs import O_PATH, open_in_root
 from ..sandbox.slots import HostSlots, SlotWaitStopped
 from ..tasks import GradeResult, load_task
-from .config import SweRebenchSpec
+from ..tasks.swe_rebench import SweRebenchRef
+from ..worker.swe import run_swe_rollout
 from .export import TOOLS_BY_MODEL_CLASS, ExportError, export_messages, journal_messages
 from .protocol import RolloutGroupRequest, SampleSlot
-from .swe_samples import run_swe_sample
 
 MODEL_CLASS = "tools"
 STOP_REASONS = {"LimitsExceeded": "max_turns_reached", "TimeExceeded": "timeout"}
@@ -49,7 +50,7 @@ class SamplePlan:
     request: RolloutGroupRequest
     slot: SampleSlot
     task_dir: Path | None  # a Harbor task
-    swe: SweRebenchSpec | None  # or a SWE-rebench V2 instance
+    swe: SweRebenchRef | None  # or a SWE-rebench V2 instance
     grade_wall_s: float  # a SWE-rebench grade's test commands, at most
     sample_dir: Path  # the journal and the verifier's files go here
     deadline_unix: float  # the agent's wall time ends here (submission + max_wall_time_seconds)
@@ -105,7 +106,10 @@ class LocalSamples:
         try:
             with self.slots.hold(stop):
                 if plan.swe is not None:
-                    return run_swe_sample(self.store, plan, stop)
+                    request = plan.rollout_request()
+                    result, grade = run_swe_rollout(self.store, request.spec, plan.swe, grade_wall_s=plan.grade_wall_s,
+                                                    label=request.attempt, stop=stop)
+                    return RolloutDone(result.outcome, socket.gethostname(), grade)
                 backend = LocalBackend(self.store, load_task(plan.task_dir), hold_slots=False)
                 return backend.rollout(plan.rollout_request(), None, stop)
         except SlotWaitStopped:
@@ -132,7 +136,8 @@ class RunStoreSamples:
         if plan.job_id is not None:
             job = self.client.get(plan.job_id)
         else:
-            payload = rollout_payload(plan.rollout_request(), plan.task_dir, deadline_unix=plan.deadline_unix)
+            payload = rollout_payload(plan.rollout_request(), plan.task_dir, deadline_unix=plan.deadline_unix,
+                                      swe=plan.swe, grade_wall_s=plan.grade_wall_s)
             job = submit_job(self.client, payload, group_id=plan.group_id[:200], idempotency_key=plan.attempt)
             on_job(job.id)
         return rollout_done(wait_job(self.client, job, wait_s=self.wait_s, stop=stop, detach=self.detach))

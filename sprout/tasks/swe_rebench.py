@@ -10,7 +10,7 @@ reported with its line and id and does not stop the others.
 import hashlib
 import json
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -135,6 +135,21 @@ class InstanceSet(BaseModel):
 def repo_dir(instance: Instance) -> str:
     """The repository's directory in the instance image: `/<repo name>` (`owner/name` -> `/name`)."""
     return "/" + PurePosixPath(instance.repo.strip("/")).name
+
+
+class SweRebenchRef(BaseModel):
+    """One instance of a pinned dataset file with the parsers file that grades it: the grade spec the
+    Miles example writes for a SWE-rebench V2 task."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    benchmark: Literal["swe-rebench-v2"] = "swe-rebench-v2"
+    instance_id: str = Field(min_length=1)
+    dataset_path: Path
+    dataset_sha256: str | None = None  # the dataset file's, checked when given
+    parser_path: Path  # the official log_parsers.py
+    grader_revision: str | None = None  # "sha256:<hex>" of the parsers file, checked when given
+    verifier_network: Literal["allow", "deny"] = "allow"  # the official harness grades with the network
 
 
 def task_prompt(instance: Instance) -> str:

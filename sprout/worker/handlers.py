@@ -50,6 +50,8 @@ def rollout(claim: Claim, stop: threading.Event) -> dict[str, Any]:
             return _finished_rollout(store, previous, options, task, _host(claim))
         discard(store, journal)  # a dead worker's half attempt: its sandbox and checkpoints go with it
     spec = rollout_spec(payload, _endpoint(options.endpoint))
+    if options.swe is not None:
+        return _swe_rollout(claim, store, spec, options, stop)
     sandbox, grader = None, None
     if spec.from_journal is None and task is not None:
         sandbox = start_task_sandbox(store, task, options.label or f"job-{claim.job.id}")
@@ -64,6 +66,19 @@ def rollout(claim: Claim, stop: threading.Event) -> dict[str, Any]:
     done = _rollout_result(result.outcome, journal, result.checkpoints, _host(claim))
     if grader is not None and grader.result is not None:
         done["grade"] = grader.result.model_dump(mode="json")
+    return done
+
+
+def _swe_rollout(claim: Claim, store, spec, options: RolloutOptions, stop: threading.Event) -> dict[str, Any]:
+    """A rollout on a SWE-rebench V2 instance, graded at its end as the official harness grades it."""
+    from .swe import GRADE_WALL_S, run_swe_rollout
+
+    result, grade = run_swe_rollout(store, spec, options.swe, grade_wall_s=options.grade_wall_s or GRADE_WALL_S,
+                                    label=options.label or f"job-{claim.job.id}", stop=stop)
+    store.adopt(result.checkpoints)
+    done = _rollout_result(result.outcome, spec.journal, result.checkpoints, _host(claim))
+    if grade is not None:
+        done["grade"] = grade.model_dump(mode="json")
     return done
 
 
@@ -105,13 +120,21 @@ def _finished_rollout(store, previous, options: RolloutOptions, task, host: str)
     store.adopt(checkpoints)
     done = _rollout_result(previous.outcome, Path(options.journal), checkpoints, previous.header.host or host)
     final = previous.outcome.final_checkpoint
-    if task is not None and options.grade_trial_dir and final in checkpoints:
-        try:
-            checkpoint = store.checkpoint(final)
-        except CheckpointNotFound:  # made on another host: the rollout stands, ungraded
-            return done
-        done["grade"] = grade_checkpoint(store, checkpoint, task, trial_dir=Path(options.grade_trial_dir)
-                                         ).model_dump(mode="json")
+    wanted = (task is not None and options.grade_trial_dir) or options.swe is not None
+    if not wanted or final not in checkpoints:
+        return done
+    try:
+        checkpoint = store.checkpoint(final)
+    except CheckpointNotFound:  # made on another host: the rollout stands, ungraded
+        return done
+    if options.swe is not None:
+        from .swe import GRADE_WALL_S
+        from .swe import grade_checkpoint as grade_swe
+
+        grade = grade_swe(store, checkpoint, options.swe, grade_wall_s=options.grade_wall_s or GRADE_WALL_S)
+    else:
+        grade = grade_checkpoint(store, checkpoint, task, trial_dir=Path(options.grade_trial_dir))
+    done["grade"] = grade.model_dump(mode="json")
     return done
 
 

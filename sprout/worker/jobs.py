@@ -15,6 +15,7 @@ from pydantic import Field
 from ..agent.models import SamplingParams
 from ..runstore.endpoints import EndpointRef
 from ..runstore.kinds import Payload, register_kind
+from ..tasks.swe_rebench import SweRebenchRef
 
 
 class RolloutOptions(Payload):
@@ -34,6 +35,8 @@ class RolloutOptions(Payload):
     wall_time_s: int | None = Field(None, ge=1)
     command_timeout_s: int | None = Field(None, ge=1)
     sampling: SamplingParams | None = None  # sent with every model call
+    swe: SweRebenchRef | None = None  # a SWE-rebench V2 instance: its image, graded as the official harness
+    grade_wall_s: float | None = Field(None, gt=0)  # the SWE-rebench grade's test commands, at most
     deadline_unix: float | None = None  # the agent's wall time ends then (not wall_time_s after it starts)
 
 

@@ -32,6 +32,7 @@ from ..runstore.kinds import Payload
 from ..runstore.models import Job
 from ..sandbox.errors import SproutError
 from ..tasks import GradeResult
+from ..tasks.swe_rebench import SweRebenchRef
 from .jobs import GradePayload, ReviewerSpec, ReviewPayload, RolloutOptions, RolloutPayload, kind_of
 
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -127,15 +128,18 @@ def _wait_for_events(client, job: Job, seq: int, wait_s: float, stop: threading.
     return max([seq, *(e.seq for e in events)]), any(e.job_id == job.id for e in events)
 
 
-def rollout_payload(request: RolloutRequest, task_dir: Path, *, deadline_unix: float | None = None) -> RolloutPayload:
+def rollout_payload(request: RolloutRequest, task_dir: Path | None, *, deadline_unix: float | None = None,
+                    swe: SweRebenchRef | None = None, grade_wall_s: float | None = None) -> RolloutPayload:
     """The rollout job that runs `request` on a worker: a fresh start in the task's sandbox, or a branch;
-    graded live when the request has a trial directory."""
+    graded live when the request has a trial directory. With `swe` (and no task), a rollout on that
+    SWE-rebench instance, graded as the official harness."""
     spec = request.spec
     options = RolloutOptions(
         endpoint=endpoint_ref(spec.endpoint), journal=str(spec.journal.resolve()), cwd=spec.cwd,
         model_class=spec.model_class, step_limit=spec.step_limit, token_limit=spec.token_limit,
         wall_time_s=spec.wall_time_s, command_timeout_s=spec.command_timeout_s, label=request.attempt,
-        task_dir=str(task_dir.resolve()), sampling=spec.sampling, deadline_unix=deadline_unix,
+        task_dir=str(task_dir.resolve()) if task_dir else None, sampling=spec.sampling, deadline_unix=deadline_unix,
+        swe=swe, grade_wall_s=grade_wall_s,
         from_journal=str(spec.from_journal.resolve()) if spec.from_journal is not None else None,
         grade_trial_dir=str(request.trial_dir.resolve()) if request.trial_dir is not None else None)
     return RolloutPayload(task=spec.task, image=spec.image, model=spec.model, from_checkpoint=request.checkpoint,

@@ -145,22 +145,11 @@ def test_requests_it_cannot_serve_are_refused_before_anything_is_recorded(make_d
         driver.result(bad.rollout_job_id)
 
 
-def test_a_swe_rebench_instance_is_refused_over_a_run_store(tmp_path: Path):
-    spec = {"benchmark": "swe-rebench-v2", "instance_id": "task-1", "dataset_path": str(tmp_path / "d.jsonl"),
-            "parser_path": str(tmp_path / "p.py")}
-    config = DriverConfig.model_validate({"data_dir": str(tmp_path / "data"), "miles": {
-        "tasks": {"task-1": {"grade": {"profile": "grade", "spec": spec}}}}})
-
-    class RunStore(Samples):
-        detaches = True
-
-    driver = Driver(config, Ledger(config.ledger_url), RunStore(), slots=1)
-    try:
-        with pytest.raises(RequestRefused, match="SWE-rebench V2 instance: those samples run on the driver's local"):
-            driver.submit(request())
-    finally:
-        driver.close()
+def test_a_task_registry_entry_says_how_it_is_graded():
     with pytest.raises(ValueError, match='profile "grade" takes a spec'):
         DriverConfig.model_validate({"miles": {"tasks": {"t": {"grade": {"profile": "grade"}}}}})
     with pytest.raises(ValueError, match="needs task_dir"):
         DriverConfig.model_validate({"miles": {"tasks": {"t": {"grade": {"profile": "harbor"}}}}})
+    with pytest.raises(ValueError, match="benchmark"):
+        DriverConfig.model_validate({"miles": {"tasks": {"t": {"grade": {"profile": "grade", "spec": {
+            "benchmark": "swe-bench", "instance_id": "i", "dataset_path": "d", "parser_path": "p"}}}}}})

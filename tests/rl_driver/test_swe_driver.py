@@ -4,6 +4,8 @@ sandbox, the test command run, the log parsed by the pinned parsers file)."""
 
 import hashlib
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -24,6 +26,7 @@ from tests.rl_driver.test_driver import (
     sandbox_ids,
     then,
 )
+from tests.services.test_services import services
 from tests.tasks.test_swe_rebench import BUGGY, DOCKERFILE, PARSERS, ROW, TEST_ADD, TEST_CMD, TEST_PATCH
 
 IMAGE = "localhost/sprout-test/swe-rebench-calc-driver:1"
@@ -60,7 +63,7 @@ def swe_driver(tmp_path_factory):
                                             "tasks": {row["instance_id"]: {"grade": {"profile": "grade",
                                                                                       "spec": spec}}}}}))
     driver = DriverProcess(config, free_port()).start()
-    yield driver, Instance.model_validate(row), dataset
+    yield driver, Instance.model_validate(row), dataset, config
     driver.stop()
     store = Store()
     for image in store.images():
@@ -70,7 +73,7 @@ def swe_driver(tmp_path_factory):
 
 
 def test_a_group_on_a_swe_rebench_instance_is_graded_as_the_official_harness(swe_driver, tmp_path):
-    driver, instance, dataset = swe_driver
+    driver, instance, dataset, _ = swe_driver
     out = tmp_path / "miles.jsonl"
     prepared = subprocess.run([sys.executable, "-m", "sprout.tasks.swe_rebench_cli", "prepare", str(dataset), "-o",
                                str(out)], cwd=REPO, capture_output=True, text=True)
@@ -84,6 +87,12 @@ def test_a_group_on_a_swe_rebench_instance_is_graded_as_the_official_harness(swe
     assert INSTRUCTION not in instruction  # routed by this task's own words
     with ScriptedModelServer(script, api_key=POLICY_KEY) as model:
         result = MilesShapedClient(driver.url).run_group(group_request(prompt, endpoint_of(model), 2))
+    check_graded(result)
+    assert sandbox_ids() <= before  # the agents' and the graders' sandboxes are gone
+
+
+def check_graded(result: dict) -> None:
+    """One sample fixed mul (reward 1), the other changed nothing (0), both graded in a fresh sandbox."""
     assert result["status"] == "completed"
     by_reward = sorted(result["trajectories"], key=lambda t: t["reward"])
     assert [t["reward"] for t in by_reward] == [0.0, 1.0]
@@ -91,4 +100,37 @@ def test_a_group_on_a_swe_rebench_instance_is_graded_as_the_official_harness(swe
         meta = trajectory["metadata"]
         assert meta["zero_reason"] is None and meta["touched_test_paths"] == []
         assert meta["grade"]["mode"] == "fresh" and meta["source_image"] == IMAGE
-    assert sandbox_ids() <= before  # the agents' and the graders' sandboxes are gone
+
+
+def test_over_a_run_store_the_workers_run_and_grade_the_samples(swe_driver, tmp_path):
+    _, instance, _, config = swe_driver
+    cfg = tmp_path / "cfg"
+    assert services(cfg, "init", "--port", str(free_port()), "--slots", "2").returncode == 0
+    up = services(cfg, "up", "runstore-api")
+    worker, driver = None, None
+    before = sandbox_ids()
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        exports = dict(item.split("=", 1) for item in services(cfg, "env").stdout.split()[1:])
+        worker = subprocess.Popen([sys.executable, "-m", "sprout.worker", "serve", "--url", exports["SPROUT_RUNSTORE_URL"],
+                                   "--token-file", str(cfg / "secrets" / "worker.token"), "--slots", "2"],
+                                  cwd=REPO, env={**os.environ, "SPROUT_RUNTIME_BIN": str(RUNTIME_BIN),
+                                                 "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "1"},
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        driver = DriverProcess(config, free_port(), env=exports).start()
+        prompt = {"prompt": [{"role": "user", "content": task_prompt(instance)}],
+                  "metadata": {"task_id": instance.instance_id, "image": IMAGE}}
+        script = [{"thought": "fix", "command": FIX_MUL, "match": "fix this issue"},
+                  {"thought": "look", "command": "git status --short", "match": "fix this issue"}] + then(SUBMIT, 2)
+        with ScriptedModelServer(script) as model:  # workers call a URL a job names with no key
+            result = MilesShapedClient(driver.url).run_group(group_request(prompt, endpoint_of(model), 2))
+        check_graded(result)
+        assert all(t["metadata"]["job_id"] for t in result["trajectories"])
+        assert sandbox_ids() <= before
+    finally:
+        if driver is not None:
+            driver.stop()
+        if worker is not None:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(timeout=60)
+        services(cfg, "down")
