@@ -1,5 +1,6 @@
-"""One sample slot: a rollout of mini-swe-agent (a checkpoint per turn, a journal), graded live by the
-task's verifier in its own sandbox, run here or as a Run Store job, and turned into a trajectory.
+"""One sample slot: a rollout of mini-swe-agent (a checkpoint per turn, a journal), graded at its end (a
+Harbor task live by its verifier in its own sandbox; a SWE-rebench V2 instance in a fresh sandbox of its
+image, as its official harness), run here or as a Run Store job, and turned into a trajectory.
 
 The policy is called at the request's `model_endpoint` with the request's sampling parameters. A base
 URL without a path (an SGLang or vLLM router, `http://host:30000`) gets `/v1` appended, where those
