@@ -9,6 +9,7 @@ contract (the fields named; values are never echoed).
 """
 
 import hmac
+import logging
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -23,6 +24,7 @@ from .ledger import Ledger
 from .protocol import RolloutGroupRequest
 from .samples import LocalSamples, RunStoreSamples
 
+log = logging.getLogger("sprout.rl_driver")
 RUNSTORE_WAITERS = 256  # threads that wait on Run Store jobs (the workers run them)
 
 
@@ -36,7 +38,10 @@ def make_driver(config: DriverConfig) -> Driver:
 
         client = RunStoreClient(*runstore)
         return Driver(config, ledger, RunStoreSamples(client, config.poll_interval_s), slots=RUNSTORE_WAITERS)
-    return Driver(config, ledger, LocalSamples(Store(runtime_bin=config.runtime_bin)), slots=config.local_slots)
+    store = Store(runtime_bin=config.runtime_bin)
+    for line in store.gc():  # what a killed driver's samples left: their sandboxes, half-made subvolumes
+        log.info("reaped %s", line)
+    return Driver(config, ledger, LocalSamples(store), slots=config.local_slots)
 
 
 def create_app(config: DriverConfig, driver: Driver | None = None) -> FastAPI:

@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         handlers = {k: v for k, v in handlers.items() if k in wanted}
     client = RunStoreClient(args.url, token)
     try:
-        for line in store_from_env().reap():
+        for line in store_from_env().gc():  # what a killed worker left: its sandboxes, half-made subvolumes
             log.info("reaped %s", line)
     except SproutError as e:
         log.warning("could not reap what a killed worker left: %s", e)

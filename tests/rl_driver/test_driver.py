@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from sprout.rl_driver.protocol import RolloutGroupResult
-from sprout.sandbox import CheckpointNotFound, Store
+from sprout.sandbox import CheckpointNotFound, Store, btrfs
 from sprout.testing.scripted_model import ScriptedModelServer
 from tests.conftest import REPO, RUNTIME_BIN, free_port
 from tests.method.conftest import FIXTURES
@@ -350,7 +350,10 @@ def test_a_driver_killed_mid_group_carries_it_on_after_a_restart(tasks, tmp_path
             client.call("POST", "/rollout-groups", json=request)
             wait_for(lambda: len(model.requests) >= 2, 60, "the first turn of each sample")
             driver.stop(signal.SIGKILL)
+            half_made = Store().root / "checkpoints" / f"cp-killed-{uuid.uuid4().hex[:8]}"  # killed mid-snapshot
+            btrfs.create(half_made)
             driver = DriverProcess(config, port).start()
+            assert not half_made.exists()  # the restarted driver cleaned up after the killed one
             again = client.call("POST", "/rollout-groups", json=request)  # an identical re-POST: its status
             assert again == {"rollout_job_id": request["rollout_job_id"], "status": "running"}
             result = client.run_group(request, post=False)

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 from sprout.agent.journal import read_journal
 from sprout.runstore.auth import Scope, hash_token, new_token
 from sprout.runstore.client import RunStoreClient
-from sprout.sandbox import Store
+from sprout.sandbox import Store, btrfs
 from sprout.testing.scripted_model import ScriptedModelServer
 from tests.conftest import REPO, RUNTIME_BIN, free_port, removing_what_is_made, turns_so_far, wait_healthy
 
@@ -97,8 +98,12 @@ def test_a_killed_worker_leaves_nothing_and_its_job_finishes_elsewhere(live):
     dead_sandbox, dead_checkpoints = dead.header.sandbox, [t.checkpoint for t in dead.turns]
     store = Store(runtime_bin=RUNTIME_BIN)
     assert store.sandbox(dead_sandbox).running  # left running by the kill
+    half_made = store.root / "checkpoints" / f"cp-killed-{uuid.uuid4().hex[:8]}"  # a kill mid-snapshot
+    btrfs.create(half_made)
     second = live.worker()
     wait_for(lambda: "reaped sandbox " + dead_sandbox in live.log(second), 30, "the next start to reap")
+    assert f"reaped orphan checkpoint subvolume {half_made.name}" in live.log(second)
+    assert not half_made.exists()
     assert dead_sandbox not in {s.id for s in store.sandboxes()}
     assert f"sprout-{dead_sandbox}" not in container_names()
     assert not set(dead_checkpoints) & {c.id for c in store.checkpoints()}

@@ -168,6 +168,7 @@ def test_gc_racing_creation_in_another_process_removes_nothing_being_made(rt_sto
             cp = sb.checkpoint()
             print(sb.id, cp.id, sb.exec("echo alive").output.strip(), flush=True)
     """))
+    rt_store.gc()  # only what gc removes while the maker runs is in question here
     proc = subprocess.Popen([sys.executable, str(maker)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=Path(__file__).resolve().parents[2])
     removed = []

@@ -183,7 +183,14 @@ def test_concurrent_workers_pull_an_image_once(copy_task, base_store, local_regi
     local_registry.remove_local(ref)
     pulls = []
     real_pull = pull._pull
-    monkeypatch.setattr(pull, "_pull", lambda reference: pulls.append(reference) or real_pull(reference))
+
+
+    def slow_pull(reference: str) -> str | None:
+        pulls.append(reference)
+        time.sleep(2)  # every worker is waiting on the lock by now, not starting after the pull ended
+        return real_pull(reference)
+
+    monkeypatch.setattr(pull, "_pull", slow_pull)
     task_dir = _registry_task(copy_task, ref, None)
     try:
         with ThreadPoolExecutor(3) as pool:  # each worker with its own Store, as the gate's are
