@@ -133,10 +133,13 @@ class TaskExecutor:
         started = now()
         try:
             done = self._rollout(plan, journal, self.out / "verifier" / plan.id, stop)
-        except RolloutCancelled:
+        except (RolloutCancelled, SproutError) as e:
             if not solved.is_set():
                 raise
-            self.log(f"{plan.id}: cancelled (a sibling scored 1)")
+            failed = "" if isinstance(e, RolloutCancelled) else f"; it had failed: {e}"
+            if failed and journal.exists():
+                discard(self.store, journal)
+            self.log(f"{plan.id}: cancelled (a sibling scored 1{failed})")
             return self._record(_cancelled(plan, journal.relative_to(self.out), started))
         outcome = done.outcome
         if outcome.status == "error" and outcome.turns == 0:

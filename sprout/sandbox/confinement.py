@@ -19,7 +19,7 @@ from .errors import SandboxStateError
 RUNC_STATE_DIRS = (Path("/run/runc"), Path("/run/runc-ctrs"))
 PTRACE_SEIZE, PTRACE_INTERRUPT, PTRACE_DETACH, PTRACE_SECCOMP_GET_FILTER = 0x4206, 0x4207, 17, 0x420C
 WALL = 0x40000000
-STOP_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 60.0  # a tracee in uninterruptible sleep (I/O on a busy store) stops only once it wakes
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
 _libc.ptrace.restype = ctypes.c_long

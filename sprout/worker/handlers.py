@@ -16,7 +16,7 @@ from typing import Any
 
 from ..agent import defaults
 from ..runstore.models import Claim
-from .jobs import GatePayload, GradePayload, ReviewPayload, RolloutOptions, RolloutPayload
+from .jobs import GatePayload, GradePayload, ReviewPayload, RolloutOptions, RolloutPayload, SweGradePayload
 
 
 def store_from_env(claim: Claim | None = None):
@@ -168,6 +168,17 @@ def grade(claim: Claim, _stop: threading.Event) -> dict[str, Any]:
     return result.model_dump(mode="json")
 
 
+def swe_grade(claim: Claim, _stop: threading.Event) -> dict[str, Any]:
+    """A SWE-rebench V2 grade (sprout.worker.jobs.SweGradePayload); the result is the whole SweGrade."""
+    from .swe import grade_swe
+
+    store = store_from_env(claim)
+    payload = SweGradePayload.model_validate(claim.job.payload)
+    source = store.checkpoint(payload.checkpoint_id) if payload.checkpoint_id else payload.diff
+    grade = grade_swe(store, payload.swe, source, rule=payload.rule, timeout_s=payload.timeout_s)
+    return grade.model_dump(mode="json")
+
+
 def review(claim: Claim, _stop: threading.Event) -> dict[str, Any]:
     """A review of a failed trajectory (sprout.worker.jobs.ReviewPayload)."""
     from pydantic import TypeAdapter
@@ -200,4 +211,4 @@ def gate(claim: Claim, _stop: threading.Event) -> dict[str, Any]:
 
 
 def default_handlers() -> dict[str, Any]:
-    return {"rollout": rollout, "grade": grade, "review": review, "gate": gate}
+    return {"rollout": rollout, "grade": grade, "swe-grade": swe_grade, "review": review, "gate": gate}

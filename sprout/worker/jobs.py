@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ..agent.models import SamplingParams
 from ..runstore.endpoints import EndpointRef
@@ -72,6 +72,23 @@ class GradePayload(Payload):
     trial_dir: str | None = None  # where the verifier's files go (default: a temporary directory)
 
 
+class SweGradePayload(Payload):
+    """Grade a SWE-rebench V2 instance as its official harness does, in a fresh sandbox of its image: the
+    agent's change in a checkpoint of this host's store, or a diff given as text (exactly one of them)."""
+
+    swe: SweRebenchRef
+    checkpoint_id: str | None = None
+    diff: str | None = None
+    rule: Literal["exact", "lenient"] = "exact"  # what decides `resolved` (both are reported)
+    timeout_s: float = Field(600.0, gt=0)  # the test commands, at most
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SweGradePayload:
+        if (self.checkpoint_id is None) == (self.diff is None):
+            raise ValueError("give exactly one of checkpoint_id and diff")
+        return self
+
+
 class ReviewPayload(Payload):
     """Review a failed trajectory (sprout.method.review): the reviewer and the ReviewInput
     (instruction, steps, verifier output), as JSON."""
@@ -92,8 +109,8 @@ class GatePayload(Payload):
     pull: Literal["missing", "always", "never"] | None = None  # the pull policy (default: the worker's)
 
 
-KINDS: dict[str, type[Payload]] = {"rollout": RolloutPayload, "grade": GradePayload, "review": ReviewPayload,
-                                   "gate": GatePayload}
+KINDS: dict[str, type[Payload]] = {"rollout": RolloutPayload, "grade": GradePayload, "swe-grade": SweGradePayload,
+                                   "review": ReviewPayload, "gate": GatePayload}
 for _name, _model in KINDS.items():
     register_kind(_name, _model)
 

@@ -1,6 +1,6 @@
 """A rollout on a SWE-rebench V2 instance, here or on a worker: the agent works in a sandbox of the
 instance's image in `/<repo name>`; at its end its change is taken as a diff against `base_commit` and
-graded as the official harness grades it, in a fresh sandbox of the image (sprout.tasks.swe_rebench_grade)."""
+graded as the official harness grades it, in a fresh sandbox of the image (sprout.tasks.swe_rebench.grade)."""
 
 import threading
 from functools import cache
@@ -11,8 +11,19 @@ from ..agent.runner import RolloutCancelled, RolloutResult, RolloutSpec, run_rol
 from ..sandbox import Checkpoint, Sandbox, Store
 from ..tasks import GradeResult
 from ..tasks.pull import ensure_present, pull_policy
-from ..tasks.swe_rebench import Instance, InstanceSet, SweRebenchRef, load_instances, repo_dir
-from ..tasks.swe_rebench_grade import Parsers, SweGrade, agent_diff, grade_instance, load_parsers
+from ..tasks.swe_rebench import (
+    Instance,
+    InstanceSet,
+    Parsers,
+    SweGrade,
+    SweRebenchRef,
+    agent_diff,
+    grade_instance,
+    load_instances,
+    load_parsers,
+    repo_dir,
+)
+from ..tasks.swe_rebench.grade import Rule
 
 GRADE_WALL_S = 600.0  # a grade's test commands, at most, unless told (the Miles example's default)
 
@@ -44,10 +55,17 @@ def run_swe_rollout(store: Store, spec: RolloutSpec, ref: SweRebenchRef, *, grad
 
 def grade_checkpoint(store: Store, checkpoint: Checkpoint, ref: SweRebenchRef, *, grade_wall_s: float) -> GradeResult:
     """Grades the agent's change in a stored checkpoint (taken in a throwaway branch of it)."""
+    return grade_result(grade_swe(store, ref, checkpoint, timeout_s=grade_wall_s))
+
+
+def grade_swe(store: Store, ref: SweRebenchRef, change: Checkpoint | str, *, timeout_s: float,
+              rule: Rule = "exact") -> SweGrade:
+    """The official grade of the instance `ref` names for `change`: a checkpoint (its diff against
+    base_commit) or a diff as text."""
     instance = _instance(ref)
-    return grade_result(grade_instance(store, instance, agent_diff(checkpoint, instance),
-                                       _parsers(ref.parser_path, ref.grader_revision), timeout_s=grade_wall_s,
-                                       network=ref.verifier_network == "allow"))
+    diff = agent_diff(change, instance) if isinstance(change, Checkpoint) else change
+    return grade_instance(store, instance, diff, _parsers(ref.parser_path, ref.grader_revision), timeout_s=timeout_s,
+                          rule=rule, network=ref.verifier_network == "allow")
 
 
 def grade_result(grade: SweGrade) -> GradeResult:
@@ -60,7 +78,7 @@ def grade_result(grade: SweGrade) -> GradeResult:
 
 
 def _instance(ref: SweRebenchRef) -> Instance:
-    return _dataset(ref.dataset_path, ref.dataset_sha256).get(ref.instance_id)
+    return ref.instance(_dataset(ref.dataset_path, ref.dataset_sha256))
 
 
 @cache

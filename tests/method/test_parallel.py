@@ -32,7 +32,7 @@ from tests.services.test_services import free_port, services
 
 class FakeBackend:
     """A rollout of `seconds[attempt]` seconds (ending early once stopped, with RolloutCancelled);
-    attempts in `solves` score 1, those in `fails` raise."""
+    attempts in `solves` score 1, those in `fails` raise (at their end, or once stopped)."""
 
     def __init__(self, seconds: dict[str, float], solves=(), fails=()):
         self.seconds, self.solves, self.fails = seconds, set(solves), set(fails)
@@ -44,7 +44,8 @@ class FakeBackend:
             self.running += 1
             self.most = max(self.most, self.running)
         try:
-            if stop.wait(self.seconds.get(request.attempt, 0.0)):
+            stopped = stop.wait(self.seconds.get(request.attempt, 0.0))
+            if stopped and request.attempt not in self.fails:
                 raise RolloutCancelled("stopped")
             if request.attempt in self.fails:
                 raise SproutError(f"{request.attempt} broke")
@@ -121,6 +122,15 @@ def test_an_error_stops_the_siblings_unrecorded_and_is_raised(tmp_path):
         ex.attempt_many(plans(3), early_stop=True, parallel=3)
     assert time.monotonic() - started < 2.0
     assert [a.id for a in ex.attempts] == ["a3"]  # a2 was stopped: resume reruns it
+
+
+@pytest.mark.python_only
+def test_a_sibling_that_fails_after_a_solve_is_recorded_cancelled(tmp_path):
+    """Once a sibling scored 1 the round's answer is known: a sibling failing then (e.g. its sandbox start
+    broken off) is cancelled like the others, not an error that ends the run."""
+    records = executor(tmp_path, FakeBackend({"a1": 5.0, "a2": 0.1}, solves={"a2"}, fails={"a1"})).attempt_many(
+        plans(2), early_stop=True, parallel=2)
+    assert [(a.id, a.status) for a in records] == [("a1", "cancelled"), ("a2", "submitted")]
 
 
 @pytest.mark.python_only

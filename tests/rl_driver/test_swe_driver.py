@@ -8,12 +8,17 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from sprout.runstore.client import RunStoreClient
+from sprout.runstore.errors import RunStoreError
 from sprout.sandbox import Store
-from sprout.tasks.swe_rebench import Instance, task_prompt
+from sprout.tasks.swe_rebench import Instance, SweRebenchRef, task_prompt
 from sprout.testing.scripted_model import ScriptedModelServer
+from sprout.worker.jobs import SweGradePayload
+from sprout.worker.remote import run_job
 from tests.conftest import REPO, RUNTIME_BIN, free_port
 from tests.rl_driver.test_driver import (
     INSTRUCTION,
@@ -27,7 +32,7 @@ from tests.rl_driver.test_driver import (
     then,
 )
 from tests.services.test_services import services
-from tests.tasks.test_swe_rebench import BUGGY, DOCKERFILE, PARSERS, ROW, TEST_ADD, TEST_CMD, TEST_PATCH
+from tests.tasks.test_swe_rebench import BUGGY, DOCKERFILE, FIX, PARSERS, ROW, TEST_ADD, TEST_CMD, TEST_PATCH
 
 IMAGE = "localhost/sprout-test/swe-rebench-calc-driver:1"
 FIX_MUL = "sed -i '$ s/a + b/a \\* b/' calc/ops.py"  # mul is the last line of calc/ops.py
@@ -75,7 +80,7 @@ def swe_driver(tmp_path_factory):
 def test_a_group_on_a_swe_rebench_instance_is_graded_as_the_official_harness(swe_driver, tmp_path):
     driver, instance, dataset, _ = swe_driver
     out = tmp_path / "miles.jsonl"
-    prepared = subprocess.run([sys.executable, "-m", "sprout.tasks.swe_rebench_cli", "prepare", str(dataset), "-o",
+    prepared = subprocess.run([sys.executable, "-m", "sprout.tasks.swe_rebench", "prepare", str(dataset), "-o",
                                str(out)], cwd=REPO, capture_output=True, text=True)
     assert prepared.returncode == 0, prepared.stderr
     (prompt,) = map(json.loads, out.read_text().splitlines())
@@ -126,6 +131,8 @@ def test_over_a_run_store_the_workers_run_and_grade_the_samples(swe_driver, tmp_
             result = MilesShapedClient(driver.url).run_group(group_request(prompt, endpoint_of(model), 2))
         check_graded(result)
         assert all(t["metadata"]["job_id"] for t in result["trajectories"])
+        swe_grade_jobs(RunStoreClient(exports["SPROUT_RUNSTORE_URL"], exports["SPROUT_RUNSTORE_TOKEN"]), config,
+                       tmp_path)
         assert sandbox_ids() <= before
     finally:
         if driver is not None:
@@ -134,3 +141,25 @@ def test_over_a_run_store_the_workers_run_and_grade_the_samples(swe_driver, tmp_
             worker.send_signal(signal.SIGTERM)
             worker.wait(timeout=60)
         services(cfg, "down")
+
+
+def swe_grade_jobs(client: RunStoreClient, config, tmp_path) -> None:
+    """swe-grade jobs on the worker: a diff graded by the official rule (in a stand-in for an image no
+    registry here has), and a payload with a typo refused at submit with the field named."""
+    spec = json.loads(config.read_text())["miles"]["tasks"][ROW["instance_id"]]["grade"]["spec"]
+    row = json.loads(Path(spec["dataset_path"]).read_text().splitlines()[0])
+    row["image_name"] = "docker.io/swerebenchv2/calc:absent"
+    (tmp_path / "remote.jsonl").write_text(json.dumps(row) + "\n")
+    ref = SweRebenchRef.model_validate(spec | {"dataset_path": str(tmp_path / "remote.jsonl"),
+                                               "dataset_sha256": None, "image": IMAGE})
+    fixed = run_job(client, SweGradePayload(swe=ref, diff=FIX), group_id="swe-grades", timeout_s=300)
+    assert fixed["resolved"] is True and fixed["resolved_exact"] and fixed["zero_reason"] is None, fixed
+    assert fixed["statuses"] == {"tests/test_mul.py::test_mul": "PASSED", "tests/test_ops.py::test_add": "PASSED"}
+    nothing = run_job(client, SweGradePayload(swe=ref, diff="", rule="lenient"), group_id="swe-grades",
+                      timeout_s=300)
+    assert nothing["resolved"] is False and nothing["rule"] == "lenient"
+    assert nothing["fail_to_pass_missing"] == ["tests/test_mul.py::test_mul"]
+    with pytest.raises(RunStoreError, match="rulez"):
+        client.submit("swe-grade", {"swe": spec, "diff": FIX, "rulez": "exact"})
+    with pytest.raises(RunStoreError, match="exactly one of checkpoint_id and diff"):
+        client.submit("swe-grade", {"swe": spec})

@@ -3,19 +3,25 @@ in a fresh sandbox of a local image holding a small git repository (/calc) with 
 
 import hashlib
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from sprout.eval.gate import run_gate
 from sprout.sandbox import Store
-from sprout.tasks.swe_rebench import Instance, SweRebenchError, load_instances, repo_dir
-from sprout.tasks.swe_rebench_grade import (
+from sprout.tasks.swe_rebench import (
+    Instance,
     SweGradeError,
+    SweRebenchError,
+    SweRebenchRef,
     agent_diff,
     grade_instance,
+    load_instances,
     load_parsers,
+    repo_dir,
     strip_timing,
     touched_test_paths,
     verdict,
@@ -26,7 +32,9 @@ python_only = pytest.mark.python_only
 BASE_IMAGE = "docker.io/library/python:3.11"  # has git and pytest here (bootstrapped Debian python3)
 IMAGE = "localhost/sprout-test/swe-rebench-calc:1"
 
-PARSERS = '''
+PARSERS = r'''
+import re
+
 from lib.agent.swe_constants import TestStatus
 
 
@@ -44,7 +52,16 @@ def parse_log_two_args(log, test_spec):
     return {"t": "PASSED"} if test_spec is None else {}
 
 
-NAME_TO_PARSER = {"parse_log_pytest": parse_log_pytest, "parse_log_pytest_v2": parse_log_pytest}
+def parse_log_gotest(log: str) -> dict[str, str]:
+    """`go test -v` lines: `--- PASS: TestName (0.01s)`; the timing is left for the harness to strip."""
+    statuses = {}
+    for match in re.finditer(r"^--- (PASS|FAIL|SKIP): (\S+ \(\d+\.\d+s\))$", log, re.MULTILINE):
+        statuses[match[2]] = {"PASS": "PASSED", "FAIL": "FAILED", "SKIP": "SKIPPED"}[match[1]]
+    return statuses
+
+
+NAME_TO_PARSER = {"parse_log_pytest": parse_log_pytest, "parse_log_pytest_v2": parse_log_pytest,
+                  "parse_log_gotest": parse_log_gotest}
 '''
 
 ROW = {"instance_id": "acme__calc-1", "repo": "acme/calc", "base_commit": "abc123", "patch": "",
@@ -89,6 +106,15 @@ def test_loads_jsonl_with_sha_and_keeps_config(tmp_path):
 
 
 @python_only
+def test_a_reference_can_name_a_stand_in_image(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [ROW])
+    ref = SweRebenchRef(instance_id=ROW["instance_id"], dataset_path=path, parser_path=tmp_path / "p.py")
+    assert ref.instance(load_instances(path)).image_name == IMAGE
+    stand_in = ref.model_copy(update={"image": "localhost/calc:offline"}).instance(load_instances(path))
+    assert stand_in.image_name == "localhost/calc:offline" and stand_in.base_commit == ROW["base_commit"]
+
+
+@python_only
 def test_sha_mismatch_is_one_clear_error(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [ROW])
     with pytest.raises(SweRebenchError, match="not the pinned 0000"):
@@ -115,7 +141,7 @@ def test_bad_rows_are_reported_by_id_and_line(tmp_path):
 @python_only
 def test_check_lists_bad_rows_and_prints_the_sha(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [ROW, {**ROW, "instance_id": "bad-f2p", "FAIL_TO_PASS": "x"}])
-    run = [sys.executable, "-m", "sprout.tasks.swe_rebench_cli", "check", str(path)]
+    run = [sys.executable, "-m", "sprout.tasks.swe_rebench", "check", str(path)]
     checked = subprocess.run(run, capture_output=True, text=True, cwd=REPO)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     assert checked.returncode == 1 and f"1 instances, 1 bad rows; sha256 {digest}" in checked.stdout
@@ -241,12 +267,33 @@ new file mode 100644
 +    assert mul(2, 3) == 6
 """
 TEST_CMD = "python3 -m pytest -rA -p no:cacheprovider tests"
+FIX = ("diff --git a/calc/ops.py b/calc/ops.py\n--- a/calc/ops.py\n+++ b/calc/ops.py\n@@ -5,2 +5,2 @@\n"
+       " def mul(a, b):\n-    return a + b\n+    return a * b\n")
 DOCKERFILE = f"""FROM {BASE_IMAGE}
 COPY calc /calc
 RUN cd /calc && git init -q && git add -A && \\
     git -c user.name=t -c user.email=t@t commit -qm base && git rev-parse HEAD > /base_commit
 WORKDIR /calc
 """
+
+
+def build_repo_image(context: Path, tag: str, files: dict[str, str], repo: str = "calc") -> str:
+    """An image of BASE_IMAGE holding `files` as a git repository in /<repo>, built offline; its base commit."""
+    for name, text in files.items():
+        (context / repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (context / repo / name).write_text(text)
+    (context / "Dockerfile").write_text(DOCKERFILE.replace("calc", repo))
+    subprocess.run(["podman", "build", "--pull=never", "--network", "none", "-q", "-t", tag, str(context)],
+                   check=True, capture_output=True)
+    return subprocess.run(["podman", "run", "--rm", "--network", "none", tag, "cat", "/base_commit"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+def remove_image(store: Store, tag: str) -> None:
+    for image in store.images():
+        if tag in image.names:
+            store.remove_image(image.key)
+    subprocess.run(["podman", "rmi", "-f", tag], capture_output=True)
 
 
 @pytest.fixture(scope="module", params=["runtime", "podman-exec"])
@@ -258,16 +305,7 @@ def calc(request, tmp_path_factory, base_store: Store):
     assert check.returncode == 0, f"{BASE_IMAGE} (ops/setup_podman.sh bootstraps it) lacks git or pytest: " \
         f"{check.stdout}{check.stderr}"
     context = tmp_path_factory.mktemp("calc-image")
-    (context / "calc" / "calc").mkdir(parents=True)
-    (context / "calc" / "tests").mkdir()
-    (context / "calc" / "calc" / "__init__.py").write_text("")
-    (context / "calc" / "calc" / "ops.py").write_text(BUGGY)
-    (context / "calc" / "tests" / "test_ops.py").write_text(TEST_ADD)
-    (context / "Dockerfile").write_text(DOCKERFILE)
-    subprocess.run(["podman", "build", "--pull=never", "--network", "none", "-q", "-t", IMAGE, str(context)],
-                   check=True, capture_output=True)
-    base = subprocess.run(["podman", "run", "--rm", "--network", "none", IMAGE, "cat", "/base_commit"],
-                          check=True, capture_output=True, text=True).stdout.strip()
+    base = build_repo_image(context, IMAGE, {"calc/__init__.py": "", "calc/ops.py": BUGGY, "tests/test_ops.py": TEST_ADD})
     assert request.param != "runtime" or RUNTIME_BIN.exists(), "run ops/setup_podman.sh first (runtime/sprout-runtime)"
     store = Store(base_store.root, runtime_bin=RUNTIME_BIN if request.param == "runtime" else None)
     parsers_path = context / "log_parsers.py"
@@ -279,10 +317,7 @@ def calc(request, tmp_path_factory, base_store: Store):
     leaked = [s for s in store.sandboxes() if s.id not in before]
     for sandbox in leaked:
         sandbox.destroy()
-    for image in store.images():
-        if IMAGE in image.names:
-            store.remove_image(image.key)
-    subprocess.run(["podman", "rmi", "-f", IMAGE], capture_output=True)
+    remove_image(store, IMAGE)
     assert not leaked, f"left behind: {[s.id for s in leaked]}"
 
 
@@ -352,9 +387,7 @@ def test_hanging_tests_are_cut_off(calc):
     store, instance, parsers = calc
     hanging = instance.model_copy(update={"install_config": instance.install_config.model_copy(
         update={"test_cmd": [f"{TEST_CMD} || true", "sleep 600"]})})
-    fix = "diff --git a/calc/ops.py b/calc/ops.py\n--- a/calc/ops.py\n+++ b/calc/ops.py\n@@ -5,2 +5,2 @@\n" \
-          " def mul(a, b):\n-    return a + b\n+    return a * b\n"
-    grade = grade_instance(store, hanging, fix, parsers, timeout_s=8)
+    grade = grade_instance(store, hanging, FIX, parsers, timeout_s=8)
     assert grade.reward == 0.0 and grade.zero_reason == "timeout" and grade.duration_s < 60, grade
     assert grade.statuses["tests/test_mul.py::test_mul"] == "PASSED"  # parsed from what ran before the cut
 
@@ -365,3 +398,137 @@ def test_missing_image_has_no_verdict(calc):
     grade = grade_instance(store, gone, "", parsers, timeout_s=10, pull="never")
     assert grade.reward is None and grade.zero_reason == "grade_failed" and "no-such-image" in grade.error
 
+
+
+@pytest.mark.parametrize("calc", ["runtime"], indirect=True)  # the gate's grading is not about exec paths
+def test_to_harbor_tasks_pass_the_gate_with_the_official_verdict(calc, tmp_path):
+    """The converted task: the oracle applies the reference patch and its separate verifier (a fresh
+    container of the instance's image) gives reward 1 by the official rule; doing nothing gives 0."""
+    store, instance, parsers = calc
+    dataset = write_jsonl(tmp_path / "d.jsonl", [instance.model_dump() | {"patch": FIX}])
+    converted = subprocess.run([sys.executable, "-m", "sprout.tasks.swe_rebench", "to-harbor", str(dataset),
+                                "-o", str(tmp_path / "tasks"), "--parsers", str(parsers.path), "--timeout", "120"],
+                               capture_output=True, text=True, cwd=REPO)
+    assert converted.returncode == 0, converted.stderr
+    assert "wrote 1 Harbor tasks" in converted.stdout
+    summary = run_gate(tmp_path / "tasks", tmp_path / "gate", workers=1, store_root=store.root,
+                       runtime_bin=RUNTIME_BIN)
+    (result,) = summary.results
+    assert result.task == "acme__calc-1" and result.verdict == "pass", result
+    oracle, nop = result.oracle.grade, result.nop.grade
+    assert oracle.verifier_environment == "separate" and oracle.decided_by == "reward"
+    assert oracle.rewards == {"reward": 1.0, "resolved_exact": 1.0, "resolved_lenient": 1.0}
+    assert nop.rewards == {"reward": 0.0, "resolved_exact": 0.0, "resolved_lenient": 0.0}
+    details = json.loads((tmp_path / "gate" / "acme__calc-1" / "oracle" / "verifier" /
+                          "swe_rebench_verdict.json").read_text())
+    assert details["passed"] == ["tests/test_mul.py::test_mul", "tests/test_ops.py::test_add"]
+
+
+@python_only
+def test_lenient_verdicts_agree_with_swebench_where_the_rules_coincide():
+    """swebench's FULL resolution and our lenient rule on the same status maps: they coincide on PASSED,
+    FAILED, ERROR, absent, and SKIPPED FAIL_TO_PASS tests; they differ (documented in grade.py) on a
+    SKIPPED PASS_TO_PASS test and on XFAIL, which swebench counts as kept and as passed."""
+    from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS, ResolvedStatus
+    from swebench.harness.grading import get_eval_tests_report, get_resolution_status
+
+    def swebench_full(statuses: dict, f2p: list, p2p: list) -> bool:
+        report = get_eval_tests_report(statuses, {FAIL_TO_PASS: f2p, PASS_TO_PASS: p2p})
+        return get_resolution_status(report) == ResolvedStatus.FULL.value
+
+    rng = random.Random(7)
+    names = [f"tests/test_{i}.py::test_{i}" for i in range(6)]
+    checked = 0
+    for _ in range(2000):
+        f2p, p2p = names[:rng.randint(1, 3)], names[3:3 + rng.randint(0, 3)]
+        statuses = {n: rng.choice(["PASSED", "PASSED", "FAILED", "ERROR", "absent"]) for n in names}
+        statuses |= {n: "SKIPPED" for n in f2p if rng.random() < 0.1}
+        statuses = {n: s for n, s in statuses.items() if s != "absent"}
+        ours = verdict(statuses, f2p, p2p, "lenient")
+        assert ours.lenient == swebench_full(statuses, f2p, p2p), (statuses, f2p, p2p)
+        checked += ours.lenient
+    assert 50 < checked < 1950  # both verdicts were seen often
+    f2p, p2p = ["a"], ["b"]
+    assert swebench_full({"a": "PASSED", "b": "SKIPPED"}, f2p, p2p)
+    assert not verdict({"a": "PASSED", "b": "SKIPPED"}, f2p, p2p).lenient
+    assert swebench_full({"a": "XFAIL", "b": "PASSED"}, f2p, p2p)
+    assert not verdict({"a": "XFAIL", "b": "PASSED"}, f2p, p2p).lenient
+
+
+@python_only
+def test_the_verdict_script_runs_alone_as_in_a_verifier_container(tmp_path):
+    """verdict.py copied out of Sprout (as to-harbor copies it) judges a log with the parsers file."""
+    script = tmp_path / "verdict.py"
+    script.write_bytes((REPO / "sprout" / "tasks" / "swe_rebench" / "verdict.py").read_bytes())
+    (tmp_path / "log_parsers.py").write_text(PARSERS)
+    (tmp_path / "stdout").write_text("PASSED tests/test_ops.py::test_add\nFAILED tests/test_mul.py::test_mul\n")
+    (tmp_path / "stderr").write_text("PASSED tests/test_extra.py::test_x [3 ms]\n")
+    spec = {"log_parser": "parse_log_pytest", "FAIL_TO_PASS": ["tests/test_mul.py::test_mul"],
+            "PASS_TO_PASS": ["tests/test_ops.py::test_add"], "rule": "lenient"}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    run = [sys.executable, "-I", str(script), "--spec", "spec.json", "--parsers", "log_parsers.py", "--log", "stdout",
+           "--log", "stderr", "--reward", "reward.json", "--details", "details.json"]
+    judged = subprocess.run(run, capture_output=True, text=True, cwd=tmp_path)
+    assert judged.returncode == 0, judged.stderr
+    assert json.loads((tmp_path / "reward.json").read_text()) == {
+        "reward": 0.0, "resolved_exact": 0.0, "resolved_lenient": 0.0}
+    details = json.loads((tmp_path / "details.json").read_text())
+    assert details["fail_to_pass_missing"] == ["tests/test_mul.py::test_mul"]
+    assert details["unexpected_passed"] == ["tests/test_extra.py::test_x"]
+    (tmp_path / "stdout").write_text("PASSED tests/test_ops.py::test_add\nPASSED tests/test_mul.py::test_mul\n")
+    assert subprocess.run(run, capture_output=True, cwd=tmp_path).returncode == 0
+    assert json.loads((tmp_path / "reward.json").read_text())["reward"] == 1.0  # lenient: the extra pass is fine
+    spec["log_parser"] = "parse_log_go"
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    (tmp_path / "reward.json").unlink()
+    missing = subprocess.run(run, capture_output=True, text=True, cwd=tmp_path)
+    assert missing.returncode == 2 and "no log parser 'parse_log_go'" in missing.stderr
+    assert not (tmp_path / "reward.json").exists()
+
+
+# ---------------------------------------------------------------- a second log format
+
+SH_LIB = "add() { echo $(( $1 + $2 )); }\nmul() { echo $(( $1 + $2 )); }\n"
+SH_RUNNER = """#!/bin/bash
+# Runs every test_* function of tests/*.sh, reporting as `go test -v` does.
+. ./lib.sh
+for file in tests/*.sh; do . "$file"; done
+for t in $(declare -F | awk '{print $3}' | grep '^Test'); do
+  echo "=== RUN   $t"
+  if $t; then echo "--- PASS: $t (0.00s)"; else echo "--- FAIL: $t (0.01s)"; fi
+done
+"""
+SH_TEST_ADD = "TestAdd() { [ \"$(add 2 3)\" = 5 ]; }\n"
+SH_TEST_PATCH = """diff --git a/tests/mul.sh b/tests/mul.sh
+new file mode 100644
+--- /dev/null
++++ b/tests/mul.sh
+@@ -0,0 +1 @@
++TestMul() { [ "$(mul 2 3)" = 6 ]; }
+"""
+SH_FIX = ("diff --git a/lib.sh b/lib.sh\n--- a/lib.sh\n+++ b/lib.sh\n@@ -2 +2 @@\n"
+          "-mul() { echo $(( $1 + $2 )); }\n+mul() { echo $(( $1 * $2 )); }\n")
+
+
+def test_a_go_style_log_is_parsed_and_its_timings_stripped(base_store, tmp_path):
+    """Another language's log format: a shell project whose runner reports as `go test -v`, parsed by the
+    parsers file's parse_log_gotest (names with their timing, stripped by the harness)."""
+    tag = "localhost/sprout-test/swe-rebench-shcalc:1"
+    base = build_repo_image(tmp_path, tag, {"lib.sh": SH_LIB, "run_tests.sh": SH_RUNNER,
+                                            "tests/add.sh": SH_TEST_ADD}, repo="shcalc")
+    store = Store(base_store.root, runtime_bin=RUNTIME_BIN)
+    (tmp_path / "log_parsers.py").write_text(PARSERS)
+    instance = Instance.model_validate({**ROW, "instance_id": "acme__shcalc-1", "repo": "acme/shcalc",
+                                        "base_commit": base, "image_name": tag, "test_patch": SH_TEST_PATCH,
+                                        "FAIL_TO_PASS": ["TestMul"], "PASS_TO_PASS": ["TestAdd"],
+                                        "install_config": {"test_cmd": ["bash run_tests.sh"],
+                                                           "log_parser": "parse_log_gotest"}})
+    try:
+        fixed = grade_instance(store, instance, SH_FIX, load_parsers(tmp_path / "log_parsers.py"), timeout_s=60)
+        assert fixed.statuses == {"TestAdd (0.00s)": "PASSED", "TestMul (0.00s)": "PASSED"}, fixed
+        assert fixed.reward == 1.0 and fixed.resolved_exact and fixed.zero_reason is None
+        unfixed = grade_instance(store, instance, "", load_parsers(tmp_path / "log_parsers.py"), timeout_s=60)
+        assert unfixed.statuses == {"TestAdd (0.00s)": "PASSED", "TestMul (0.01s)": "FAILED"}, unfixed
+        assert unfixed.reward == 0.0 and unfixed.fail_to_pass_missing == ["TestMul"]
+    finally:
+        remove_image(store, tag)

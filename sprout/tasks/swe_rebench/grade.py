@@ -14,39 +14,29 @@ and parsing an empty log (the same verdict); an empty agent diff is not applied 
 harness refuses an empty patch) so the tests still run and report; expected names are compared as a
 set (a name listed twice, or in both lists, can never match the official sorted list).
 
-`swebench` (harness/grading.py: test_passed/test_failed, get_eval_tests_report, get_resolution_status)
-has the lenient rule's shape but other semantics: XFAIL counts as passed, and an expected test that is
-SKIPPED is neither a success nor a failure there (it drops out of the rate, so it does not stop FULL
-resolution); a missing one fails, as here. `lenient` here asks every expected test to be PASSED; the two
-agree on status maps holding only PASSED/FAILED/ERROR. swebench is not used: it is not installed here,
-and importing swebench.harness.grading runs swebench/harness/__init__.py, which imports run_evaluation
-(docker, modal, datasets).
+`swebench` 5.0.2 (harness/grading.py: get_eval_tests_report, get_resolution_status) has the lenient
+rule's shape, FULL resolution, with other semantics: XFAIL counts as passed, a SKIPPED PASS_TO_PASS test
+counts as kept, and a truncated parametrized id matches by prefix. `lenient` here asks every expected test
+to be PASSED; the two agree on maps of PASSED, FAILED, ERROR, absent and SKIPPED FAIL_TO_PASS tests (a
+test checks this). It is not imported here: importing swebench.harness.grading imports its whole harness
+(docker, modal, datasets); it is a test dependency only.
 """
 
-import difflib
-import hashlib
-import inspect
 import re
 import secrets
 import shlex
-import sys
 import tempfile
-import threading
 import time
-import types
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from enum import Enum
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel
 
-from ..sandbox import Checkpoint, Sandbox, Store, rootfs
-from . import transfer
-from .errors import TaskError
-from .pull import PullPolicy, ensure_present, pull_policy
-from .swe_rebench import Instance, repo_dir
+from ...sandbox import Checkpoint, Sandbox, Store, rootfs
+from .. import transfer
+from ..pull import PullPolicy, ensure_present, pull_policy
+from .instances import Instance, repo_dir
+from .verdict import Parser, Parsers, SweGradeError, verdict
 
 Rule = Literal["exact", "lenient"]
 ZeroReason = Literal["not_resolved", "patch_failed", "timeout", "grade_failed"]
@@ -57,173 +47,6 @@ WORK = "/tmp/sprout-swe-grade"  # patches, the test script and its output, outsi
 SETUP_TIMEOUT_S = 600.0
 MAX_READ_BYTES = 256 << 20  # a log or diff read back from a sandbox
 GIT = "git -c safe.directory='*'"
-
-# Timing suffixes test runners put in test names, stripped as scripts/eval.py strips them (in this order):
-TIMING_PATTERNS = [
-    re.compile(r"\s*\[\s*\d+(?:\.\d+)?\s*(?:ms|s)\s*\]\s*$", re.IGNORECASE),  # " [1.34 ms]" at the end
-    re.compile(r"\s+in\s+\d+(?:\.\d+)?\s+(?:msec|sec)\b", re.IGNORECASE),  # " in 29.08 msec" anywhere
-    re.compile(r"\s*\(\s*\d+(?:\.\d+)?\s*(?:ms|s)\s*\)\s*$", re.IGNORECASE),  # " (1.234s)" at the end
-]
-
-Parser = Callable[[str], dict[str, str]]
-
-
-class SweGradeError(TaskError):
-    """A grade that cannot run: parsers file missing or wrong, parser name unknown, ..."""
-
-
-# ---------------------------------------------------------------- parsers
-
-
-class TestStatus(str, Enum):
-    """The statuses parsers report (the official lib/agent/swe_constants.py has the same four)."""
-
-    __test__ = False
-    PASSED = "PASSED"
-    FAILED = "FAILED"
-    SKIPPED = "SKIPPED"
-    ERROR = "ERROR"
-
-
-class Parsers:
-    """The user's parsers file, imported from its path: functions named `parse_log_<x>` (or any name)
-    taking the log and returning {test name: status}, found by name in its `NAME_TO_PARSER` mapping,
-    else as module attributes (the official get_parser's order)."""
-
-    def __init__(self, path: Path, sha256: str, module: types.ModuleType):
-        self.path, self.sha256, self.module = path, sha256, module
-
-    @property
-    def grader_revision(self) -> str:
-        return f"sha256:{self.sha256}"
-
-    def names(self) -> list[str]:
-        mapping = getattr(self.module, "NAME_TO_PARSER", None)
-        names = set(mapping) if isinstance(mapping, dict) else set()
-        names |= {name for name, value in vars(self.module).items()
-                  if name.startswith("parse") and callable(value)}
-        return sorted(names)
-
-    def get(self, name: str) -> Parser:
-        mapping = getattr(self.module, "NAME_TO_PARSER", None)
-        parser = mapping.get(name) if isinstance(mapping, dict) else None
-        if parser is None:
-            parser = getattr(self.module, name, None)
-        if not callable(parser):
-            close = difflib.get_close_matches(name, self.names(), n=5, cutoff=0.6)
-            hint = f"; close names: {', '.join(close)}" if close else ""
-            raise SweGradeError(f"no log parser {name!r} in the parsers file {self.path} "
-                                f"({self.grader_revision}){hint}")
-        return _one_argument(parser)
-
-
-_LOADED: dict[tuple[str, str], types.ModuleType] = {}
-_IMPORT_LOCK = threading.Lock()  # sys.modules is patched while a parsers file is imported
-
-
-def load_parsers(path: Path | str, sha256: str | None = None) -> Parsers:
-    """Imports the parsers file at `path` (e.g. the official lib/agent/log_parsers.py), its sha256 checked
-    when given (hex or `sha256:hex`). Its `from lib.agent.swe_constants import TestStatus` resolves to a
-    swe_constants.py beside it, else to Sprout's TestStatus."""
-    path = Path(path).absolute()
-    if not path.is_file():
-        raise SweGradeError(f"no parsers file at {path}")
-    source = path.read_bytes()
-    actual = hashlib.sha256(source).hexdigest()
-    if sha256 is not None and sha256.lower().removeprefix("sha256:") != actual:
-        raise SweGradeError(f"the parsers file {path} has sha256 {actual}, not the pinned {sha256}")
-    key = (str(path), actual)
-    with _IMPORT_LOCK:
-        if key not in _LOADED:
-            _LOADED[key] = _import(path, source, actual)
-    return Parsers(path, actual, _LOADED[key])
-
-
-def _import(path: Path, source: bytes, digest: str) -> types.ModuleType:
-    name = f"sprout_swe_parsers_{digest[:16]}"
-    module = types.ModuleType(name)
-    module.__file__ = str(path)
-    try:
-        with _constants_module(path.parent / "swe_constants.py"):
-            exec(compile(source, str(path), "exec"), module.__dict__)  # noqa: S102 - the user's pinned file
-    except Exception as e:  # noqa: BLE001 - any failure of the user's file is reported as one error
-        raise SweGradeError(f"the parsers file {path} failed to import: {type(e).__name__}: {e}") from None
-    return module
-
-
-@contextmanager
-def _constants_module(beside: Path) -> Iterator[None]:
-    """`lib`, `lib.agent` and `lib.agent.swe_constants` in sys.modules while the parsers file runs, unless
-    they are there already; removed afterwards (the parsers keep what they imported)."""
-    if "lib.agent.swe_constants" in sys.modules:
-        yield
-        return
-    constants = types.ModuleType("lib.agent.swe_constants")
-    if beside.is_file():
-        exec(compile(beside.read_bytes(), str(beside), "exec"), constants.__dict__)  # noqa: S102
-    else:
-        constants.TestStatus = TestStatus  # type: ignore[attr-defined]
-    added = {}
-    for name in ("lib", "lib.agent"):
-        if name not in sys.modules:
-            added[name] = types.ModuleType(name)
-            added[name].__path__ = []  # type: ignore[attr-defined]
-    added["lib.agent.swe_constants"] = constants
-    sys.modules.update(added)
-    try:
-        yield
-    finally:
-        for name in added:
-            sys.modules.pop(name, None)
-
-
-def _one_argument(parser: Callable) -> Parser:
-    """The official parsers take the log only; a swebench-style `(log, test_spec)` one gets None."""
-    try:
-        required = [p for p in inspect.signature(parser).parameters.values()
-                    if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    except (TypeError, ValueError):
-        return parser
-    if len(required) >= 2:
-        return lambda log: parser(log, None)
-    return parser
-
-
-# ---------------------------------------------------------------- verdicts
-
-
-def strip_timing(name: str) -> str:
-    """A test name without the timing the runner put in it (`test_x [1.3 ms]`, `t in 29 msec`, `t (1.2s)`)."""
-    for pattern in TIMING_PATTERNS:
-        name = pattern.sub("", name)
-    return name.strip()
-
-
-class Verdict(BaseModel):
-    rule: Rule
-    resolved: bool  # by `rule`
-    exact: bool  # the official rule: the PASSED names are exactly FAIL_TO_PASS ∪ PASS_TO_PASS
-    lenient: bool  # every expected test PASSED (other tests may pass or fail)
-    passed: list[str]  # sorted, timing stripped
-    fail_to_pass_missing: list[str]  # FAIL_TO_PASS tests not PASSED (failed, skipped or absent)
-    pass_to_pass_failed: list[str]  # PASS_TO_PASS tests not PASSED
-    unexpected_passed: list[str]  # PASSED but not expected: breaks the exact rule only
-
-
-def verdict(statuses: dict[str, str], fail_to_pass: list[str], pass_to_pass: list[str],
-            rule: Rule = "exact") -> Verdict:
-    """The verdict on parsed statuses (names stripped of timing on both sides, as the official harness
-    does; a later name that strips to an earlier one wins); `rule` decides `resolved`."""
-    stripped = {strip_timing(name): status for name, status in statuses.items()}
-    passed = {name for name, status in stripped.items() if status == TestStatus.PASSED.value}
-    f2p = {strip_timing(name) for name in fail_to_pass}
-    p2p = {strip_timing(name) for name in pass_to_pass}
-    exact = passed == f2p | p2p
-    lenient = (f2p | p2p) <= passed
-    return Verdict(rule=rule, resolved=exact if rule == "exact" else lenient, exact=exact, lenient=lenient,
-                   passed=sorted(passed), fail_to_pass_missing=sorted(f2p - passed),
-                   pass_to_pass_failed=sorted(p2p - passed), unexpected_passed=sorted(passed - f2p - p2p))
-
 
 # ---------------------------------------------------------------- diffs
 
@@ -275,17 +98,22 @@ def agent_diff(source: Sandbox | Checkpoint, instance: Instance, *, timeout_s: f
     return _diff_in(source, instance, timeout_s)
 
 
-def _diff_in(sandbox: Sandbox, instance: Instance, timeout_s: float) -> str:
-    out = f"/tmp/sprout-swe-diff-{secrets.token_hex(6)}.patch"
+def diff_script(instance: Instance, out: str) -> str:
+    """A bash script, run in the repository, that writes the agent's diff against `base_commit` to `out`
+    through a temporary git index."""
     base = shlex.quote(instance.base_commit)
-    script = "\n".join([
+    return "\n".join([
         "set -e",
         "idx=$(mktemp); trap 'rm -f \"$idx\"' EXIT; rm -f \"$idx\"",
-        f'gitdir=$({GIT} rev-parse --absolute-git-dir); [ -f "$gitdir/index" ] && cp "$gitdir/index" "$idx"',
+        f'gitdir=$({GIT} rev-parse --absolute-git-dir); if [ -f "$gitdir/index" ]; then cp "$gitdir/index" "$idx"; fi',
         f'GIT_INDEX_FILE="$idx" {GIT} add -A',
-        f'GIT_INDEX_FILE="$idx" {GIT} diff --cached --binary {base} > {out}',
+        f'GIT_INDEX_FILE="$idx" {GIT} diff --cached --binary {base} > {shlex.quote(out)}',
     ])
-    result = sandbox.exec(script, cwd=repo_dir(instance), timeout=timeout_s)
+
+
+def _diff_in(sandbox: Sandbox, instance: Instance, timeout_s: float) -> str:
+    out = f"/tmp/sprout-swe-diff-{secrets.token_hex(6)}.patch"
+    result = sandbox.exec(diff_script(instance, out), cwd=repo_dir(instance), timeout=timeout_s)
     try:
         if result.exit_code != 0:
             raise SweGradeError(f"instance {instance.instance_id}: taking the agent's diff failed "
@@ -322,6 +150,7 @@ class SweGrade(BaseModel):
     log_tail: str
     error: str | None
     duration_s: float
+    timings: dict[str, float]  # seconds per phase: image, start, apply (staging too), tests, parse, destroy
     grader_revision: str
     test_exit_code: int | None = None
 
@@ -340,7 +169,7 @@ def grade_instance(store: Store, instance: Instance, diff: str, parsers: Parsers
     harness runs with the host's network. `log_path` keeps the whole test log."""
     started = time.monotonic()
     touched = touched_test_paths(diff, instance.test_patch)
-    result: dict = {"statuses": {}, "log": "", "exit": None}
+    result: dict = {"statuses": {}, "log": "", "exit": None, "timings": {}}
     try:
         parser = parsers.get(instance.install_config.log_parser)
         _run(store, instance, diff, parser, timeout_s, pull, network, result)
@@ -364,16 +193,20 @@ def grade_instance(store: Store, instance: Instance, diff: str, parsers: Parsers
         pass_to_pass_failed=judged.pass_to_pass_failed if judged else [],
         unexpected_passed=judged.unexpected_passed if judged else [], touched_test_paths=touched,
         log_tail=result["log"][-MAX_LOG_CHARS:], error=error, duration_s=time.monotonic() - started,
+        timings=result["timings"],
         grader_revision=parsers.grader_revision, test_exit_code=result["exit"])
 
 
 def _run(store: Store, instance: Instance, diff: str, parser: Parser, timeout_s: float,
          pull: PullPolicy | None, network: bool, result: dict) -> None:
-    """The official steps in a fresh sandbox; fills `result` (statuses, log, exit) as far as it got."""
+    """The official steps in a fresh sandbox; fills `result` (statuses, log, exit, timings) as far as it got."""
     what = f"instance {instance.instance_id}'s image"
+    lap = _Laps(result["timings"])
     ensure_present(store, instance.image_name, pull_policy(pull), what=what)
     image = store.import_image(instance.image_name)
+    lap("image")
     sandbox = store.create_sandbox(image, network=network, label=f"swe-grade {instance.instance_id}")
+    lap("start")
     try:
         with tempfile.TemporaryDirectory(prefix="sprout-swe-grade-") as tmp:
             _stage(sandbox, Path(tmp), instance, diff)
@@ -387,24 +220,52 @@ def _run(store: Store, instance: Instance, diff: str, parser: Parser, timeout_s:
                                     f"(exit {setup.exit_code}): {result['log'].strip()[-1000:]}")
             which = "the agent's diff" if setup.exit_code == 3 else "the test_patch"
             raise _Failed("patch_failed", f"{which} did not apply")
+        lap("apply")
         tests = sandbox.exec(f"bash {WORK}/tests.sh >>{WORK}/stdout 2>>{WORK}/stderr", cwd=workdir,
                              env=GRADE_ENV, timeout=timeout_s)
         result["log"], result["exit"] = _log(sandbox), tests.exit_code
+        lap("tests")
         result["statuses"] = dict(parser(result["log"]))
+        lap("parse")
         if tests.timed_out:
             raise _Failed("timeout", f"the test commands timed out after {timeout_s:g}s")
     finally:
         sandbox.destroy()
+        lap("destroy")
+
+
+class _Laps:
+    """Seconds per phase, each from the end of the one before."""
+
+    def __init__(self, into: dict[str, float]):
+        self.into, self.mark = into, time.monotonic()
+
+    def __call__(self, phase: str) -> None:
+        now = time.monotonic()
+        self.into[phase], self.mark = round(now - self.mark, 3), now
+
+
+def git_apply(patch: str) -> str:
+    """The official `git apply` of a patch file."""
+    return f"{GIT} {GIT_APPLY.removeprefix('git ')} {shlex.quote(patch)}"
+
+
+def official_scripts(instance: Instance, patch: str | None, test_patch: str) -> dict[str, str]:
+    """The official steps as two bash scripts run in the repository: `setup.sh` (reset, then the agent's
+    patch file when there is one and it is not empty, then the test patch file; exit 3 or 4 when that patch does not apply)
+    and `tests.sh` (the instance's test commands under `set -e`)."""
+    setup = ["set -e", f"{GIT} reset --hard HEAD"]
+    if patch is not None:
+        setup.append(f"if [ -s {shlex.quote(patch)} ]; then {git_apply(patch)} || exit 3; fi")
+    setup.append(f"{git_apply(test_patch)} || exit 4")
+    return {"setup.sh": "\n".join(setup) + "\n",
+            "tests.sh": "\n".join(["set -e", *instance.install_config.test_cmd]) + "\n"}
 
 
 def _stage(sandbox: Sandbox, tmp: Path, instance: Instance, diff: str) -> None:
     """Writes the patches and the two scripts into the sandbox under WORK (world-writable)."""
-    setup = ["set -e", f"{GIT} reset --hard HEAD"]
-    if diff.strip():
-        setup.append(f"{GIT} {GIT_APPLY.removeprefix('git ')} {WORK}/patch.diff || exit 3")
-    setup.append(f"{GIT} {GIT_APPLY.removeprefix('git ')} {WORK}/test_patch.diff || exit 4")
-    files = {"patch.diff": diff, "test_patch.diff": instance.test_patch, "setup.sh": "\n".join(setup) + "\n",
-             "tests.sh": "\n".join(["set -e", *instance.install_config.test_cmd]) + "\n", "stdout": "", "stderr": ""}
+    scripts = official_scripts(instance, f"{WORK}/patch.diff" if diff.strip() else None, f"{WORK}/test_patch.diff")
+    files = {"patch.diff": diff, "test_patch.diff": instance.test_patch, **scripts, "stdout": "", "stderr": ""}
     transfer.ensure_dirs(sandbox.path, [WORK], (0, 0))
     for name, text in files.items():
         local = tmp / name

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .errors import TaskLoadError
+from ..errors import TaskLoadError
 
 CHUNK = 1 << 20
 
@@ -150,6 +150,12 @@ class SweRebenchRef(BaseModel):
     parser_path: Path  # the official log_parsers.py
     grader_revision: str | None = None  # "sha256:<hex>" of the parsers file, checked when given
     verifier_network: Literal["allow", "deny"] = "allow"  # the official harness grades with the network
+    image: str | None = None  # a stand-in for the instance's image_name (e.g. a local build, offline)
+
+    def instance(self, instances: InstanceSet) -> Instance:
+        """The instance this names in `instances`, its image the stand-in when one is named."""
+        found = instances.get(self.instance_id)
+        return found.model_copy(update={"image_name": self.image}) if self.image else found
 
 
 def task_prompt(instance: Instance) -> str:

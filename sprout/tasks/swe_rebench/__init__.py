@@ -1,0 +1,21 @@
+"""SWE-rebench V2: instances from the dataset's file (instances), the official verdict on a test log
+(verdict), grading as the official harness in a fresh sandbox (grade), Harbor task directories for
+`sprout.eval` (harbor), and the command line (`python -m sprout.tasks.swe_rebench`)."""
+
+from .grade import SweGrade, agent_diff, grade_instance, touched_test_paths
+from .instances import (
+    Instance,
+    InstanceSet,
+    SweRebenchError,
+    SweRebenchRef,
+    load_instances,
+    repo_dir,
+    task_prompt,
+)
+from .verdict import Parsers, SweGradeError, load_parsers, strip_timing, verdict
+
+__all__ = [
+    "Instance", "InstanceSet", "Parsers", "SweGrade", "SweGradeError", "SweRebenchError", "SweRebenchRef",
+    "agent_diff", "grade_instance", "load_instances", "load_parsers", "repo_dir", "strip_timing", "task_prompt",
+    "touched_test_paths", "verdict",
+]
