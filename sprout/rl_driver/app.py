@@ -17,7 +17,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
-from ..sandbox import Store
+from ..sandbox import SproutError, Store
 from .config import DriverConfig, TaskNotServed
 from .groups import Driver, GroupConflict, GroupNotFound, RequestRefused
 from .ledger import Ledger
@@ -39,8 +39,11 @@ def make_driver(config: DriverConfig) -> Driver:
         client = RunStoreClient(*runstore)
         return Driver(config, ledger, RunStoreSamples(client, config.poll_interval_s), slots=RUNSTORE_WAITERS)
     store = Store(runtime_bin=config.runtime_bin)
-    for line in store.gc():  # what a killed driver's samples left: their sandboxes, half-made subvolumes
-        log.info("reaped %s", line)
+    try:  # half-made subvolumes a killed driver left (its samples' sandboxes go as their groups resume)
+        for line in store.gc():
+            log.info("reaped %s", line)
+    except SproutError as e:
+        log.warning("could not clean up what a killed driver left: %s", e)
     return Driver(config, ledger, LocalSamples(store), slots=config.local_slots)
 
 

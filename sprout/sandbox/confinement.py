@@ -63,11 +63,12 @@ def dump_seccomp(pid: int, stop_timeout_s: float = STOP_TIMEOUT_S) -> list[bytes
         raise SandboxStateError(f"cannot trace the sandbox init {pid}: {os.strerror(ctypes.get_errno())}")
     try:
         _libc.ptrace(PTRACE_INTERRUPT, pid, None, None)
-        deadline = time.monotonic() + stop_timeout_s
+        deadline, pause = time.monotonic() + stop_timeout_s, 0.0005
         while os.waitpid(pid, WALL | os.WNOHANG) == (0, 0):
             if time.monotonic() > deadline:
                 raise SandboxStateError(f"the sandbox init {pid} did not stop for tracing in {stop_timeout_s:g}s")
-            time.sleep(0.0005)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
         filters = []
         while (count := _libc.ptrace(PTRACE_SECCOMP_GET_FILTER, pid, ctypes.c_void_p(len(filters)), None)) > 0:
             buf = ctypes.create_string_buffer(count * 8)

@@ -352,8 +352,11 @@ def test_a_driver_killed_mid_group_carries_it_on_after_a_restart(tasks, tmp_path
             driver.stop(signal.SIGKILL)
             half_made = Store().root / "checkpoints" / f"cp-killed-{uuid.uuid4().hex[:8]}"  # killed mid-snapshot
             btrfs.create(half_made)
-            driver = DriverProcess(config, port).start()
-            assert not half_made.exists()  # the restarted driver cleaned up after the killed one
+            try:
+                driver = DriverProcess(config, port).start()
+                assert not half_made.exists()  # the restarted driver cleaned up after the killed one
+            finally:
+                btrfs.delete(half_made)
             again = client.call("POST", "/rollout-groups", json=request)  # an identical re-POST: its status
             assert again == {"rollout_job_id": request["rollout_job_id"], "status": "running"}
             result = client.run_group(request, post=False)

@@ -100,10 +100,13 @@ def test_a_killed_worker_leaves_nothing_and_its_job_finishes_elsewhere(live):
     assert store.sandbox(dead_sandbox).running  # left running by the kill
     half_made = store.root / "checkpoints" / f"cp-killed-{uuid.uuid4().hex[:8]}"  # a kill mid-snapshot
     btrfs.create(half_made)
-    second = live.worker()
-    wait_for(lambda: "reaped sandbox " + dead_sandbox in live.log(second), 30, "the next start to reap")
-    assert f"reaped orphan checkpoint subvolume {half_made.name}" in live.log(second)
-    assert not half_made.exists()
+    try:
+        second = live.worker()
+        wait_for(lambda: "reaped sandbox " + dead_sandbox in live.log(second), 30, "the next start to reap")
+        assert f"reaped orphan checkpoint subvolume {half_made.name}" in live.log(second)
+        assert not half_made.exists()
+    finally:
+        btrfs.delete(half_made)
     assert dead_sandbox not in {s.id for s in store.sandboxes()}
     assert f"sprout-{dead_sandbox}" not in container_names()
     assert not set(dead_checkpoints) & {c.id for c in store.checkpoints()}

@@ -26,6 +26,7 @@ from sprout.tasks.swe_rebench import (
     touched_test_paths,
     verdict,
 )
+from sprout.tasks.swe_rebench.harbor import write_task
 from tests.conftest import REPO, RUNTIME_BIN
 
 python_only = pytest.mark.python_only
@@ -453,6 +454,33 @@ def test_lenient_verdicts_agree_with_swebench_where_the_rules_coincide():
     assert not verdict({"a": "PASSED", "b": "SKIPPED"}, f2p, p2p).lenient
     assert swebench_full({"a": "XFAIL", "b": "PASSED"}, f2p, p2p)
     assert not verdict({"a": "XFAIL", "b": "PASSED"}, f2p, p2p).lenient
+
+
+@python_only
+def test_to_harbor_writes_a_separate_verifier_task_whose_scripts_parse(tmp_path):
+    from harbor.models.task.config import TaskConfig
+
+    (tmp_path / "log_parsers.py").write_text(PARSERS)
+    instance = Instance.model_validate({**ROW, "patch": FIX, "install_config": {"test_cmd": [TEST_CMD, "echo 'done'"],
+                                                                               "log_parser": "parse_log_pytest"}})
+    task = write_task(instance, load_parsers(tmp_path / "log_parsers.py"), tmp_path / "tasks", dataset_sha256="ab",
+                      timeout_s=90.5)
+    assert task == tmp_path / "tasks" / "acme__calc-1"
+    config = TaskConfig.model_validate_toml((task / "task.toml").read_text())
+    assert config.verifier.environment_mode.value == "separate" and config.verifier.environment.docker_image is None
+    assert config.environment.docker_image == IMAGE and config.metadata["instance_id"] == "acme__calc-1"
+    (collect,) = config.verifier.collect
+    assert collect.command.endswith("mv /logs/artifacts/model.patch.partial /logs/artifacts/model.patch")
+    assert (task / "instruction.md").read_text().startswith("Work in /calc and fix this issue:")
+    assert (task / "tests" / "Dockerfile").read_text() == f"FROM {IMAGE}\nCOPY . /tests\n"
+    assert (task / "tests" / "tests.sh").read_text() == f"set -e\n{TEST_CMD}\necho 'done'\n"
+    assert (task / "solution" / "patch.diff").read_text() == FIX
+    test_sh = (task / "tests" / "test.sh").read_text()
+    assert "timeout -k 30 90 bash /tests/tests.sh" in test_sh and "sys.version_info < (3, 8)" in test_sh
+    for script in (task / "tests" / "test.sh", task / "tests" / "setup.sh", task / "solution" / "solve.sh"):
+        checked = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert checked.returncode == 0, (script, checked.stderr)
+    assert subprocess.run(["bash", "-n", "-c", collect.command], capture_output=True).returncode == 0
 
 
 @python_only

@@ -82,7 +82,8 @@ def cmd_grade(args) -> int:
     if args.image:
         instance = instance.model_copy(update={"image_name": args.image})
     parsers = load_parsers(args.parsers, args.parsers_sha256)
-    diff = sys.stdin.read() if str(args.diff) == "-" else args.diff.read_text()
+    raw = sys.stdin.buffer.read() if str(args.diff) == "-" else args.diff.read_bytes()
+    diff = raw.decode("utf-8", "surrogateescape")  # a diff may hold any bytes; they are applied as they are
     grade = grade_instance(Store(args.store), instance, diff, parsers, timeout_s=args.timeout, rule=args.rule,
                            pull=args.pull)
     print(grade.model_dump_json(indent=2))

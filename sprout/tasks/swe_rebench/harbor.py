@@ -26,8 +26,8 @@ PATCH = "/logs/artifacts/model.patch"
 VERDICT_SCRIPT = Path(__file__).with_name("verdict.py")  # stdlib only: it runs in the instance image
 LOGS = "/logs/verifier"
 COLLECT_TIMEOUT_S = 300.0
-SETUP_SLACK_S = 600.0
-BUILD_TIMEOUT_S = 1800.0  # the verifier's image: FROM the instance image (pulled when absent) + tests/  # the verifier's timeout beyond the tests': reset, apply, parse
+SETUP_SLACK_S = 600.0  # the verifier's timeout beyond the tests': reset, apply, parse
+BUILD_TIMEOUT_S = 1800.0  # the verifier's image: FROM the instance image (pulled when absent) + tests/
 ZERO = '{"reward": 0.0, "resolved_exact": 0.0, "resolved_lenient": 0.0}'
 
 
@@ -56,7 +56,8 @@ def write_task(instance: Instance, parsers: Parsers, out: Path, *, dataset_sha25
 
 
 def _config(instance: Instance, parsers: Parsers, dataset_sha256: str, timeout_s: float, network: bool) -> str:
-    collect = f"mkdir -p /logs/artifacts && cd {shlex.quote(repo_dir(instance))}\n" + diff_script(instance, PATCH)
+    collect = (f"mkdir -p /logs/artifacts && cd {shlex.quote(repo_dir(instance))}\n"  # whole or not at all:
+               + diff_script(instance, f"{PATCH}.partial") + f"\nmv {PATCH}.partial {PATCH}")
     config = TaskConfig.model_validate({
         "schema_version": "1.3",
         "task": {"name": f"swe-rebench-v2/{task_dir_name(instance)}",
@@ -88,21 +89,26 @@ def _write_tests(tests: Path, instance: Instance, parsers: Parsers, rule: Rule, 
             "FAIL_TO_PASS": instance.FAIL_TO_PASS, "PASS_TO_PASS": instance.PASS_TO_PASS, "rule": rule}
     (tests / "swe_rebench.json").write_text(json.dumps(spec, indent=2) + "\n")
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in GRADE_ENV.items())
+    out, err, seconds = f"{LOGS}/tests.stdout", f"{LOGS}/tests.stderr", max(1, round(timeout_s))
     _script(
         tests / "test.sh",
-        f"# SWE-rebench V2 {instance.instance_id}: the official steps in a fresh container of its image.",
+        f"# SWE-rebench V2 {instance.instance_id}: the official steps in a fresh container of its image;",
+        "# no reward (an error, not a 0) when the grade cannot run.",
         f"zero() {{ echo \"swe-rebench: $1: reward 0\"; echo '{ZERO}' > {LOGS}/reward.json; exit 0; }}",
-        f"cd {shlex.quote(repo_dir(instance))} || exit 1",
-        f"bash /tests/setup.sh > {LOGS}/setup.log 2>&1; code=$?",
+        "fail() { echo \"swe-rebench: $1: no verdict\"; exit 1; }",
+        "python3 -c 'import sys; sys.exit(sys.version_info < (3, 8))' 2> /dev/null || fail 'no python3 (3.8 or "
+        "later) in this image to parse the log; grade it with python -m sprout.tasks.swe_rebench grade'",
+        f"[ -f {PATCH} ] || fail 'no collected diff (the collect step failed)'",
+        f"cd {shlex.quote(repo_dir(instance))} || fail 'no repository directory'",
+        f"bash /tests/setup.sh >> {out} 2>> {err}; code=$?  # in the log, as the official harness keeps it",
         "[ $code = 3 ] && zero \"the agent's diff did not apply\"",
         "[ $code = 4 ] && zero 'the test patch did not apply'",
-        f"[ $code = 0 ] || {{ cat {LOGS}/setup.log; echo 'swe-rebench: the reset failed'; exit 1; }}",
-        f"env {env} timeout {timeout_s:g} bash /tests/tests.sh > {LOGS}/tests.stdout 2> {LOGS}/tests.stderr",
-        f"[ $? = 124 ] && zero 'the test commands timed out after {timeout_s:g}s'",
-        "command -v python3 > /dev/null || { echo 'swe-rebench: no python3 in this image to parse the log; "
-        "grade it with python -m sprout.tasks.swe_rebench grade'; exit 1; }",
+        f"[ $code = 0 ] || {{ tail -n 20 {out} {err}; fail 'the reset failed'; }}",
+        f"env {env} timeout -k 30 {seconds} bash /tests/tests.sh >> {out} 2>> {err}; code=$?",
+        f"[ $code = 124 ] || [ $code = 137 ] && zero 'the test commands timed out after {seconds}s'",
+        "[ $code = 126 ] || [ $code = 127 ] && fail 'the test commands could not start (timeout or bash missing)'",
         f"exec python3 /tests/verdict.py --spec /tests/swe_rebench.json --parsers /tests/log_parsers.py "
-        f"--parsers-sha256 {parsers.sha256} --log {LOGS}/tests.stdout --log {LOGS}/tests.stderr "
+        f"--parsers-sha256 {parsers.sha256} --log {out} --log {err} "
         f"--reward {LOGS}/reward.json --details {LOGS}/swe_rebench_verdict.json",
     )
 

@@ -8,6 +8,7 @@ verifier runs it as a script in the instance's image (any python3 from 3.8):
 """
 
 from __future__ import annotations
+import __future__
 
 import argparse
 import dataclasses
@@ -118,7 +119,10 @@ def _import(path: Path, source: bytes, digest: str) -> types.ModuleType:
     module.__file__ = str(path)
     try:
         with _constants_module(path.parent / "swe_constants.py"):
-            exec(compile(source, str(path), "exec"), module.__dict__)  # noqa: S102 - the user's pinned file
+            # postponed annotations: the official parsers annotate `-> dict[str, str]`, which python3.8 (a
+            # verifier image's) cannot evaluate
+            code = compile(source, str(path), "exec", flags=__future__.annotations.compiler_flag, dont_inherit=True)
+            exec(code, module.__dict__)  # noqa: S102 - the user's pinned file
     except Exception as e:  # noqa: BLE001 - any failure of the user's file is reported as one error
         raise SweGradeError(f"the parsers file {path} failed to import: {type(e).__name__}: {e}") from None
     return module
