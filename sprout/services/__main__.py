@@ -196,13 +196,7 @@ def _write_proxy_files(directory: Path, config: ServicesConfig) -> list[str]:
     without one; clients send it, `services env` exports it)."""
     if config.proxy is None:
         return []
-    lines = []
-    path, text = directory / "litellm.yaml", render_litellm(config.proxy)
-    if path.exists() and path.read_text() == text:
-        lines.append(f"ok    {path}")
-    else:
-        path.write_text(text)
-        lines.append(f"done  {path}")
+    lines = [_write_rendered(directory / "litellm.yaml", render_litellm(config.proxy))]
     key_path = directory / "secrets" / PROXY_KEY_FILE
     if proxy_key(directory) is None:
         write_secret(key_path, f"sk-{secrets.token_hex(32)}\n")
@@ -212,18 +206,20 @@ def _write_proxy_files(directory: Path, config: ServicesConfig) -> list[str]:
     return lines
 
 
+def _write_rendered(path: Path, text: str) -> str:
+    """Writes a file rendered from services.json unless it already holds exactly that; the setup line."""
+    if path.exists() and path.read_text() == text:
+        return f"ok    {path}"
+    path.write_text(text)
+    return f"done  {path}"
+
+
 def _write_rl_driver_files(directory: Path, config: ServicesConfig) -> list[str]:
     """rl-driver.json from services.json, and the driver's bearer token, made once (like the API tokens:
     rotating it would lock out a running trainer)."""
     if config.rl_driver is None:
         return []
-    lines = []
-    path, text = directory / RL_DRIVER_CONFIG, render_rl_driver(config, directory)
-    if path.exists() and path.read_text() == text:
-        lines.append(f"ok    {path}")
-    else:
-        path.write_text(text)
-        lines.append(f"done  {path}")
+    lines = [_write_rendered(directory / RL_DRIVER_CONFIG, render_rl_driver(config, directory))]
     token_path = directory / "secrets" / RL_DRIVER_TOKEN_FILE
     if rl_driver_token(directory) is None:
         from ..runstore.auth import new_token
