@@ -31,6 +31,16 @@ Reported, per group:
                      the group's wall time divided among the samples.
   sandbox s/sample   consumed_budget["sandbox_seconds"] / actual_samples (the driver's accounting:
                      rollout + grade seconds, sandbox creation not included).
+
+With --search (local slots only, --latency s per model call, the scripted model as policy and reviewer):
+  search             an FF search group: 2 roots of --turns calls that fail, each reviewed (3 reviewer
+                     calls) at turn --turns - 1, a student and one repair continuation from there: 6 samples
+  independent        a plain group of as many samples (6 roots of --turns calls)
+  replayed           the 4 branches re-executed from scratch instead of restored from the checkpoint:
+                     the prefix's --turns - 1 turns replayed, then the branch's own turns (students 1,
+                     repairs 2: the repair's command and the submit), as two plain groups
+and per trainable sample (graded trajectories): wall s, sandbox s, model calls; then the time a branch
+from a checkpoint saves against replaying its prefix (replayed sandbox s/sample - branch sandbox s/sample).
 """
 
 import argparse
@@ -148,14 +158,15 @@ class Row:
 class Placement:
     """A driver process (and, over a Run Store, the API and two workers) under `root`."""
 
-    def __init__(self, name: str, root: Path, tasks: Path, group_size: int, base_env: dict):
+    def __init__(self, name: str, root: Path, tasks: Path, group_size: int, base_env: dict,
+                 review: dict | None = None):
         self.name, self.root = name, root
         self.procs: list[subprocess.Popen] = []
         self.services_dir: Path | None = None
         self.token = secrets.token_urlsafe(24)
         root.mkdir(parents=True)
         config = {"tasks_dir": str(tasks), "data_dir": str(root / "data"), "local_slots": group_size,
-                  "runtime_bin": str(RUNTIME_BIN)}
+                  "runtime_bin": str(RUNTIME_BIN)} | ({"miles": {"review": review}} if review else {})
         (root / "driver.json").write_text(json.dumps(config))
         self.ledger = Ledger(f"sqlite:///{root / 'data' / 'driver.sqlite3'}")
         self.env = {k: v for k, v in base_env.items() if k not in RUNSTORE_VARS} | {
@@ -270,6 +281,112 @@ class Placement:
         row.slowest_s = max(work, default=math.nan)
 
 
+CONTINUE = "Carry on from here."
+
+
+def request_body(prompt: dict, endpoint: str, samples: int, turns: int, search: dict | None = None) -> dict:
+    job = f"bench-{uuid.uuid4().hex}"
+    body = {"rollout_job_id": job, "rollout_id": 1, "prompt_group_id": "0", "task_id": prompt["metadata"]["task_id"],
+            "image": prompt["metadata"]["image"], "prompt": prompt["prompt"], "model_endpoint": endpoint,
+            "model": "policy", "max_samples": samples, "minimum_returned_samples": 1 if search else samples,
+            "sample_slots": [{"sample_slot_id": f"{job}:slot:{i}", "sample_index": i} for i in range(samples)],
+            "max_turns": turns + 2, "finalization_timeout_seconds": 120.0,
+            "sampling_params": {"temperature": 1.0, "top_p": 1.0, "top_k": -1},
+            "budgets": {"max_wall_time_seconds": WALL_LIMIT_S}}
+    return body | ({"search": search} if search else {})
+
+
+def post_group(placement: "Placement", body: dict) -> tuple[dict, float]:
+    """POST, GET every POLL_S until terminal, DELETE: the result and the client's wall seconds."""
+    job = body["rollout_job_id"]
+    started = time.monotonic()
+    response = placement.http.post("/rollout-groups", json=body)
+    if response.status_code != 202:
+        raise RuntimeError(f"POST: {response.status_code} {response.text[:500]}")
+    try:
+        while (result := placement.http.get(f"/rollout-groups/{job}").json())["status"] not in TERMINAL:
+            if time.monotonic() - started > WALL_LIMIT_S + 180:
+                raise RuntimeError("the group outlived its wall time and finalization")
+            time.sleep(POLL_S)
+        return result, time.monotonic() - started
+    finally:
+        placement.http.delete(f"/rollout-groups/{job}")
+
+
+@dataclass
+class SearchRow:
+    name: str
+    samples: int = 0
+    trainable: int = 0
+    wall_s: float = 0.0
+    sandbox_s: float = 0.0
+    model_calls: int = 0
+
+    def add(self, result: dict, wall_s: float) -> None:
+        self.samples += result["actual_samples"]
+        self.trainable += sum(t["metadata"]["zero_reason"] is None for t in result["trajectories"])
+        self.wall_s += wall_s
+        self.sandbox_s += result["consumed_budget"]["sandbox_seconds"]
+        self.model_calls += result["consumed_budget"]["model_calls"]
+
+
+def search_scripts(turns: int) -> tuple[list[dict], list[dict]]:
+    """The policy (2 failing roots, then 4 branches that submit) and the reviewer (2 reviews of turn turns-1)."""
+    repair = {"reasoning": "Look at the code again.", "command": "ls /app && echo repair-ran"}
+    policy = script(2, turns) + [{"thought": "submit", "command": SUBMIT,
+                                  "match": f"{re.escape(CONTINUE)}|repair-ran"}] * 4
+    review = ([{"content": "The agent never changed calc.py.", "match": "First question"}] * 2
+              + [{"content": json.dumps({"points": [{"turn": turns - 1, "reason": "before it gave up"}]}),
+                  "match": "Choose up to"}] * 2
+              + [{"content": json.dumps({"repairs": [{"turn": turns - 1, "candidates": [repair]}]}),
+                  "match": "next turn"}] * 2)
+    return policy, review
+
+
+def search_main(args, console: Console, root: Path, prompt: dict) -> list[str]:
+    """The --search comparison (see the module's docstring); returns problems."""
+    spec = {"roots": 2, "points": 1, "candidates": 1, "student_continuations": 1, "candidate_continuations": 1,
+            "tf_student_continuations": 0, "repair_rounds": 1, "review_seconds": 120.0, "wall_time_seconds": 300.0}
+    policy, review = search_scripts(args.turns)
+    rows = {name: SearchRow(name) for name in ("search", "independent", "replayed")}
+    problems: list[str] = []
+    with ScriptedModelServer(review) as reviewer:
+        placement = Placement("local", root / "search", root / "tasks", 6, dict(os.environ), review={
+            "endpoint": reviewer.base_url, "model": "reviewer", "continuation_prompt": CONTINUE})
+        try:
+            placement.start(6)
+            groups = [("search", policy, 6, args.turns, spec), ("independent", script(6, args.turns), 6, args.turns,
+                                                                  None),
+                      ("replayed", script(2, args.turns), 2, args.turns, None),  # the students, replayed
+                      ("replayed", script(2, args.turns + 1), 2, args.turns + 1, None)]  # the repairs
+            for name, steps, samples, turns, search in groups:
+                console.print(f"{name}: a group of {samples} at {args.latency:g} s per call ...")
+                with ScriptedModelServer(steps, delay_s=args.latency) as model:
+                    result, wall = post_group(placement, request_body(prompt, model.base_url.removesuffix("/v1"),
+                                                                      samples, turns, search))
+                rows[name].add(result, wall)
+                if result["status"] != "completed" or result["actual_samples"] != samples:
+                    problems.append(f"{name}: {result['status']}, {result['actual_samples']} of {samples} samples: "
+                                    f"{result['stop_reason']} {result['failed_samples'][:2]}")
+        finally:
+            problems += placement.close()
+    table = Table("group", "samples", "trainable", "wall s", "sandbox s", "model calls", "wall s/trainable",
+                  "sandbox s/trainable", title=f"SPROUT search vs independent samples, {args.latency:g} s per "
+                  f"model call, roots of {args.turns} calls (local slots)")
+    for row in rows.values():
+        per = max(row.trainable, 1)
+        table.add_row(row.name, str(row.samples), str(row.trainable), f"{row.wall_s:.1f}", f"{row.sandbox_s:.1f}",
+                      str(row.model_calls), f"{row.wall_s / per:.2f}", f"{row.sandbox_s / per:.2f}")
+    console.print(table)
+    search, replayed = rows["search"], rows["replayed"]
+    branch_s = search.sandbox_s - 2 * (rows["independent"].sandbox_s / 6)  # the search's sandbox s less its roots'
+    saved = replayed.sandbox_s / 4 - branch_s / 4
+    console.print(f"a branch from the checkpoint of turn {args.turns - 1} instead of replaying it: {saved:.2f} sandbox s "
+                  f"and {args.turns - 1} model calls saved per branch ({replayed.sandbox_s / 4:.2f} s replayed vs "
+                  f"{branch_s / 4:.2f} s restored)")
+    return problems
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--group-size", type=int, default=8, help="samples per group (default 8)")
@@ -277,6 +394,8 @@ def main() -> None:
     p.add_argument("--turns", type=int, default=3, help="model calls per sample (default 3)")
     p.add_argument("--store", type=Path, help="btrfs store (default: $SPROUT_STORE or ~/sprout-btrfs)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, journals)")
+    p.add_argument("--search", action="store_true", help="compare a search group with independent samples and "
+                   "with replaying its branches' prefixes (local slots only)")
     args = p.parse_args()
     if args.group_size < 1 or args.turns < 1 or args.latency < 0:
         p.error("--group-size and --turns must be at least 1, --latency not negative")
@@ -295,7 +414,9 @@ def main() -> None:
         run("-m", "sprout.rl_driver", "prepare", "--tasks-dir", root / "tasks", "-o", root / "miles.jsonl")
         (line,) = (root / "miles.jsonl").read_text().splitlines()
         prompt = json.loads(line)
-        for where in ("local", "Run Store"):
+        if args.search:
+            problems += search_main(args, console, root, prompt)
+        for where in () if args.search else ("local", "Run Store"):
             placement = Placement(where, root / where.replace(" ", "-").lower(), root / "tasks",
                                   args.group_size, dict(os.environ))
             try:
@@ -326,20 +447,21 @@ def main() -> None:
             console.print(f"kept {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
-    title = (f"Sprout RL driver, a group of {args.group_size} samples x {args.turns} model calls "
-             f"(local: {args.group_size} slots; Run Store: 2 workers x {math.ceil(args.group_size / 2)} "
-             "slots)")
-    table = Table("where", "latency", "samples", "wall s", "samples/min", "overhead ms/sample",
-                  "sandbox s/sample", "slowest sample s", title=title)
-    for row in rows:
-        table.add_row(row.where, f"{row.latency:g} s", f"{row.actual}/{row.samples}", f"{row.wall_s:.1f}",
-                      f"{row.per_min:.1f}", f"{row.overhead_ms:.0f}", f"{row.sandbox_s:.1f}",
-                      f"{row.slowest_s:.1f}")
-    console.print(table)
-    by = {(r.where, r.latency): r for r in rows}
-    ratios = [f"{latency:g} s: {by[('local', latency)].per_min / by[('Run Store', latency)].per_min:.2f}x"
-              for latency in (0.0, args.latency) if ('local', latency) in by and ('Run Store', latency) in by]
-    console.print(f"samples/min, local / Run Store: {', '.join(ratios)}")
+    if rows:
+        title = (f"Sprout RL driver, a group of {args.group_size} samples x {args.turns} model calls "
+                 f"(local: {args.group_size} slots; Run Store: 2 workers x {math.ceil(args.group_size / 2)} "
+                 "slots)")
+        table = Table("where", "latency", "samples", "wall s", "samples/min", "overhead ms/sample",
+                      "sandbox s/sample", "slowest sample s", title=title)
+        for row in rows:
+            table.add_row(row.where, f"{row.latency:g} s", f"{row.actual}/{row.samples}", f"{row.wall_s:.1f}",
+                          f"{row.per_min:.1f}", f"{row.overhead_ms:.0f}", f"{row.sandbox_s:.1f}",
+                          f"{row.slowest_s:.1f}")
+        console.print(table)
+        by = {(r.where, r.latency): r for r in rows}
+        ratios = [f"{latency:g} s: {by[('local', latency)].per_min / by[('Run Store', latency)].per_min:.2f}x"
+                  for latency in (0.0, args.latency) if ('local', latency) in by and ('Run Store', latency) in by]
+        console.print(f"samples/min, local / Run Store: {', '.join(ratios)}")
     deadline = time.monotonic() + 10
     while (left := [s for s in store.sandboxes() if s.id not in before]) and time.monotonic() < deadline:
         time.sleep(1)

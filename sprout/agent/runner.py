@@ -7,6 +7,7 @@ messages up to the turn it branches from, so the stock loop runs unchanged.
 """
 
 import copy
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from minisweagent.agents.default import DefaultAgent
 from minisweagent.exceptions import LimitsExceeded
+from pydantic import BaseModel, ConfigDict
 
 from ..sandbox import Sandbox, Store
 from ..sandbox.errors import CheckpointNotFound, SproutError
@@ -22,6 +24,29 @@ from . import defaults
 from .environment import SandboxEnvironment
 from .journal import OBSERVATION_CAP, Header, JournalWriter, Limits, Outcome, ParentRef, Turn, read_journal
 from .models import Endpoint, SamplingParams, make_model, mswea_config
+
+#: Marks, in a journal, an assistant message no model call produced (``extra[INSERTED]`` is true).
+INSERTED = "sprout_inserted"
+
+
+class InsertedTurn(BaseModel):
+    """An assistant turn written outside the policy (a reviewer's repair): a branch executes it as its first
+    turn, in the sandbox, before the policy is called; it is journaled like any turn and is no model call."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reasoning: str
+    command: str
+    call_id: str
+    content: str = ""
+
+    def message(self) -> dict:
+        """The assistant message as mini-swe-agent's tool-calling model would have returned it."""
+        call = {"id": self.call_id, "type": "function",
+                "function": {"name": "bash", "arguments": json.dumps({"command": self.command})}}
+        return {"role": "assistant", "content": self.content, "reasoning_content": self.reasoning,
+                "tool_calls": [call],
+                "extra": {"actions": [{"command": self.command, "tool_call_id": self.call_id}], INSERTED: True}}
 
 
 @dataclass
@@ -43,6 +68,7 @@ class RolloutSpec:
     from_journal: Path | None = None
     from_turn: int | None = None
     note: str | None = None
+    insert: InsertedTurn | None = None  # a branch's first turn, executed before the policy is called
 
 
 @dataclass
@@ -87,10 +113,15 @@ class JournalingAgent(DefaultAgent):
         self.model_latency = 0.0
         self._journaled = 0  # messages already journaled
         self._resume_messages: list[dict] | None = None
+        self.inserted: dict | None = None  # answered instead of the first model call
 
     def query(self) -> dict:
         if self.stop is not None and self.stop.is_set():
             raise RolloutCancelled("the rollout was stopped")
+        if self.inserted is not None:
+            message, self.inserted = self.inserted, None
+            self.add_messages(message)
+            return message
         if 0 < self.token_limit <= self.tokens:
             raise LimitsExceeded({"role": "exit", "content": "LimitsExceeded",
                                   "extra": {"exit_status": "LimitsExceeded", "submission": ""}})
@@ -161,6 +192,8 @@ def run_rollout(spec: RolloutSpec, store: Store, on_event: Callable[[TurnEvent],
     model = make_model(spec.model, spec.endpoint, spec.model_class, config, spec.sampling)
     prefix, n_calls, first_turn, parent = None, 0, 1, None
     parent_journal = read_journal(spec.from_journal) if spec.from_journal is not None else None
+    if spec.insert is not None and (parent_journal is None or spec.model_class != "tools"):
+        raise SproutError("an inserted turn needs a branch (from_journal) of a tool-calling rollout")
     if spec.journal.exists():  # checked before a sandbox is made; JournalWriter checks again atomically
         raise SproutError(f"the journal {spec.journal} already exists; choose another path or remove it")
     if parent_journal is not None:
@@ -242,6 +275,8 @@ def run_rollout(spec: RolloutSpec, store: Store, on_event: Callable[[TurnEvent],
                     sampling=spec.sampling.model_dump(exclude_defaults=True) if spec.sampling else None)
     if prefix is not None:
         agent.resume_with(prefix, n_calls)
+    if spec.insert is not None:
+        agent.inserted = spec.insert.message()
     try:
         try:
             info = agent.run(spec.task)

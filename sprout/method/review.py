@@ -69,7 +69,8 @@ class ReviewInput:
     step_limit: int
 
 
-def _cap(text: str, limit: int) -> str:
+def cap_middle(text: str, limit: int) -> str:
+    """`text` stripped, or its head and tail when it is longer than `limit`."""
     text = text.strip()
     if len(text) <= limit:
         return text
@@ -89,12 +90,12 @@ def prompt(inp: ReviewInput) -> str:
     for step in inp.steps:
         turn = step.turn
         if step.note_before:
-            lines += [f"[before turn {turn.turn} the agent was told: {_cap(step.note_before, TEXT_CAP)}]", ""]
+            lines += [f"[before turn {turn.turn} the agent was told: {cap_middle(step.note_before, TEXT_CAP)}]", ""]
         lines.append(f"## Turn {turn.turn} (exit code {'-' if turn.exit_code is None else turn.exit_code})")
         if turn.thought.strip():
-            lines.append(f"thought: {_cap(turn.thought, TEXT_CAP)}")
-        lines += [f"$ {_cap(command, TEXT_CAP)}" for command in turn.commands]
-        lines += ["output:", _cap(turn.observation, OBSERVATION_CAP) or "(none)", ""]
+            lines.append(f"thought: {cap_middle(turn.thought, TEXT_CAP)}")
+        lines += [f"$ {cap_middle(command, TEXT_CAP)}" for command in turn.commands]
+        lines += ["output:", cap_middle(turn.observation, OBSERVATION_CAP) or "(none)", ""]
     reward = "none (grading failed)" if inp.reward is None else f"{inp.reward:g}"
     lines += [f"# Verifier output (the task's tests on the final state; reward {reward}, 1 is a pass)", "",
               _tail(inp.verifier_output, VERIFIER_CAP) or "(no output)", "",

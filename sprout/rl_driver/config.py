@@ -56,9 +56,32 @@ class TaskEntry(_Config):
         return self
 
 
+DEFAULT_CONTINUATION = ("You are continuing this task from a saved point of an earlier attempt: the sandbox is as it "
+                        "was then. Keep working on the task, then submit.")
+
+
+class ReviewConfig(_Config):
+    """The reviewer of search groups: a model the operator configures (a request never names one)."""
+
+    profile: Literal["review"] = "review"
+    endpoint: str  # a Chat Completions base URL (…/v1)
+    model: str
+    api_key_env: str | None = None  # the variable holding its key; default miles.api_key_env
+    temperature: float = Field(0.8, ge=0)
+    max_output_tokens: int = Field(32768, ge=16)  # per call
+    prompt_chars: int = Field(250_000, ge=2_000)  # the review prompt is cut to this many characters
+    reasoning_effort: str | None = None  # sent as is when set
+    max_concurrent_requests: int = Field(8, ge=1)  # reviewer calls in flight, all groups together
+    timeout_s: float = Field(600.0, gt=0)  # one call, at most (and never past the review's deadline)
+    #: Sent as a user message before a branch continues, wrapped in <sprout_training_hint> and stripped at
+    #: export; "" sends none.
+    continuation_prompt: str = DEFAULT_CONTINUATION
+
+
 class MilesSection(_Config):
     api_key_env: str | None = None  # the variable whose value is sent as the policy's key (never echoed)
     grade_wall_seconds: float = Field(600.0, ge=240)  # a SWE-rebench grade's test commands, at most
+    review: ReviewConfig | None = None  # required to serve search groups
     tasks: dict[str, TaskEntry] = {}
 
 

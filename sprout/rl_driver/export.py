@@ -15,6 +15,12 @@ What is dropped, and why:
   get a short tool answer instead of being cut. Nothing after the last assistant message trains, so the
   invented answer shapes no trained token.
 - a tool message that answers no pending call: Miles refuses it, and it carries nothing a call needs.
+- a user message that held only a training hint (a branch's continuation prompt): once the hint is
+  stripped nothing is left of it, and an empty user turn would be rendered and trained around.
+
+Provenance: `prefix` is how many of the input messages a branch restored (its parent's history up to
+the branch point); the export says how many exported messages that became, and at which exported
+positions the assistant turns no model call produced (marked `extra.sprout_inserted`) stand.
 """
 
 import json
@@ -24,6 +30,7 @@ from typing import Any
 from minisweagent.models.utils.actions_toolcall import BASH_TOOL
 
 from ..agent.journal import Journal
+from ..agent.runner import INSERTED
 from ..sandbox.errors import SproutError
 from .protocol import ROLES, strip_hints
 
@@ -42,6 +49,8 @@ class ExportedMessages:
     model_calls: int  # assistant messages kept
     tool_calls: int  # tool calls kept
     trimmed: int  # input messages (exits not counted) cut off with an unanswered turn
+    prefix_messages: int = 0  # exported messages that came from the restored history
+    inserted_messages: list[int] | None = None  # exported positions of assistant turns no model call produced
 
 
 def _text(content: Any) -> str | None:
@@ -119,13 +128,14 @@ def _submitted(messages: list[dict]) -> bool:
     return last.get("role") == "exit" and (last.get("extra") or {}).get("exit_status") == "Submitted"
 
 
-def export_messages(messages: list[dict], *, answer_submission: bool = True) -> ExportedMessages:
+def export_messages(messages: list[dict], *, answer_submission: bool = True, prefix: int = 0) -> ExportedMessages:
     """Raises ExportError when nothing trainable is left (no assistant message) or a role is not an API role.
-    `answer_submission=False` cuts a submitting turn like any other unanswered one."""
+    `answer_submission=False` cuts a submitting turn like any other unanswered one; `prefix`: the first
+    that many input messages are the restored history."""
     raw = [m for m in messages if m.get("role") != "exit"]
     if bad := sorted({str(m.get("role")) for m in raw} - ROLES):
         raise ExportError(f"the rollout has messages with roles Miles does not accept: {', '.join(bad)}")
-    state = _Conversion(raw)
+    state = _Conversion(raw, sum(m.get("role") != "exit" for m in messages[:prefix]))
     closed = state.run()
     trimmed = 0
     if state.pending and closed and answer_submission and _submitted(messages):
@@ -134,28 +144,37 @@ def export_messages(messages: list[dict], *, answer_submission: bool = True) -> 
     elif state.pending:
         state.out, trimmed = state.out[:state.cut[0]], len(raw) - state.cut[1]
     hints = any(index < len(state.out) for index in state.hinted)
-    return _result(state.out, hints, trimmed)
+    exported = _result(state.out, hints, trimmed)
+    exported.prefix_messages = min(state.prefix_out, len(state.out))
+    exported.inserted_messages = [index for index in state.inserted if index < len(state.out)]
+    return exported
 
 
 class _Conversion:
     """One pass over the messages; stops at an assistant message that finds the previous turn unanswered."""
 
-    def __init__(self, raw: list[dict]):
-        self.raw, self.ids = raw, _Ids(raw)
+    def __init__(self, raw: list[dict], prefix: int):
+        self.raw, self.ids, self.prefix = raw, _Ids(raw), prefix
         self.out: list[dict] = []
         self.pending: list[tuple[str | None, str]] = []
         self.cut = (0, 0)  # (position in out, position in raw) of the last assistant message
         self.hinted: list[int] = []  # positions in out whose hints were removed
+        self.inserted: list[int] = []  # positions in out of inserted assistant turns
+        self.prefix_out = 0  # messages in out that came from the first `prefix` raw messages
 
     def run(self) -> bool:
         """True when every message was read, False when an unanswered turn stopped the pass."""
         for position, message in enumerate(self.raw):
+            if position == self.prefix:
+                self.prefix_out = len(self.out)
             role = message["role"]
             if role == "assistant":
                 if self.pending:
                     return False
                 exported, self.pending = _assistant(message, self.ids)
                 self.cut = (len(self.out), position)
+                if (message.get("extra") or {}).get(INSERTED):
+                    self.inserted.append(len(self.out))
                 self.out.append(exported)
             elif role == "tool":
                 answered = _answer(self.pending, _raw_id(message.get("tool_call_id")))
@@ -166,7 +185,11 @@ class _Conversion:
                 content, removed = strip_hints(_text(message.get("content")) or "")
                 if removed:
                     self.hinted.append(len(self.out))
+                    if not content:
+                        continue  # a hint and nothing else
                 self.out.append({"role": role, "content": content})
+        if len(self.raw) <= self.prefix:
+            self.prefix_out = len(self.out)
         return True
 
 
@@ -189,3 +212,11 @@ def journal_messages(journal: Journal) -> list[dict]:
     for turn in journal.turns:
         messages += turn.new_messages
     return messages
+
+
+def restored_messages(journal: Journal) -> int:
+    """How many of journal_messages() a branch restored from its parent (its note, if any, came after)."""
+    header = journal.header
+    if header.parent is None:
+        return 0
+    return len(header.messages) - (1 if header.parent.note else 0)

@@ -23,13 +23,16 @@ from ..sandbox import Store
 from ..sandbox.errors import SproutError
 from .config import DriverConfig, ServedTask, served_task
 from .ledger import DELETING, LIVE, GroupRow, Ledger
+from .outcome import annotate, root_counts
 from .protocol import TERMINAL_STATUSES, RolloutGroupAck, RolloutGroupRequest, RolloutGroupResult
+from .review import Reviewer
 from .samples import SampleBackend, SamplePlan, SampleResult, policy_endpoint, sample_result
 
 log = logging.getLogger("sprout.rl_driver")
 BUDGET_KEYS = ("model_calls", "tool_calls", "tokens_in", "tokens_out", "sandbox_seconds")
 ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 MARGIN, MAX_MARGIN_S = 0.2, 10.0  # a group is finished this share of its finalization (at most 10 s) early
+OUT_OF_TIME = "did not finish within the group's wall time and finalization"
 STOP_GRACE_S = 15.0  # how long stopped samples get to end before the group is finished without them
 
 
@@ -50,10 +53,13 @@ class Driver:
         self.config, self.ledger, self.backend = config, ledger, backend
         self._samples = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="sample")
         self._stops: dict[str, threading.Event] = {}
+        self._phases: dict[str, threading.Event] = {}  # each running group's samples stop when theirs is set
         self._threads: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
         self._closing = False  # shutting down: running groups stay unfinished for the next driver
         self.store = Store(runtime_bin=config.runtime_bin)  # this host's: test paths, checkpoint release
+        review = config.miles.review
+        self.reviewer = Reviewer(review, config.miles.api_key_env) if review else None  # search groups only
 
     def start(self) -> None:
         """Carries on every group a previous driver process left unfinished (and forgets those it was
@@ -70,8 +76,8 @@ class Driver:
         check_servable(self.config, request)
         slots = [(s.sample_slot_id, s.sample_index) for s in request.sample_slots]
         digest = request.body_digest()
-        if self.ledger.add_group(request.rollout_job_id, digest, request.wire(), time.time(), slots,
-                                 used=request.max_samples):
+        used = request.search.roots if request.search else request.max_samples  # a search plans its branches later
+        if self.ledger.add_group(request.rollout_job_id, digest, request.wire(), time.time(), slots, used=used):
             self._launch(request.rollout_job_id)
             return RolloutGroupAck(rollout_job_id=request.rollout_job_id, status="queued")
         group = self.ledger.group(request.rollout_job_id)
@@ -93,7 +99,7 @@ class Driver:
         with self._lock:
             running = group_id in self._threads
             if running:
-                self._stops[group_id].set()  # the group's thread forgets it when its samples have stopped
+                self._stop(group_id)  # the group's thread forgets it when its samples have stopped
         if not running:
             self._forget(group)
         return RolloutGroupAck(rollout_job_id=group_id, status=status)
@@ -103,12 +109,19 @@ class Driver:
         here are stopped (the next driver runs them again); Run Store jobs carry on, to be found again."""
         with self._lock:
             self._closing = True
-            stops = list(self._stops.values())
+            groups = list(self._stops)
         self.backend.close()
         if not getattr(self.backend, "detaches", False):
-            for stop in stops:
-                stop.set()
+            with self._lock:
+                for group_id in groups:
+                    self._stop(group_id)
         self._samples.shutdown(wait=True, cancel_futures=True)
+
+    def _stop(self, group_id: str) -> None:
+        """Stops a group and the samples it runs (the caller holds the lock)."""
+        for events in (self._stops, self._phases):
+            if group_id in events:
+                events[group_id].set()
 
     def _group(self, group_id: str) -> GroupRow:
         group = self.ledger.group(group_id)
@@ -134,6 +147,7 @@ class Driver:
         finally:
             with self._lock:
                 self._stops.pop(group_id, None)
+                self._phases.pop(group_id, None)
                 self._threads.pop(group_id, None)
             group = self.ledger.group(group_id)
             if group is not None and group.status == DELETING:  # deleted while it ran
@@ -145,31 +159,51 @@ class Driver:
             return
         request = RolloutGroupRequest.model_validate(group.request)
         self.ledger.set_status(group_id, "running")
-        deadline = group.submitted_at + request.budgets.max_wall_time_seconds
-        finalization = request.finalization_timeout_seconds
-        finish_by = deadline + finalization - min(MAX_MARGIN_S, MARGIN * finalization)  # inside Miles' wait
         task = served_task(self.config, request.task_id)
-        pending = {self._samples.submit(self._run_sample, self._plan(group, request, slot, row.job_id, task,
-                                                                      deadline), stop)
-                   for row, slot in zip(group.slots, request.sample_slots, strict=True)
-                   if row.state in ("pending", "running")}
-        while pending and not stop.is_set() and time.time() < finish_by:
-            _, pending = wait(pending, timeout=min(1.0, max(0.0, finish_by - time.time())),
-                              return_when=FIRST_COMPLETED)
-        stop.set()  # what still runs is past the group's time (or the group was deleted): stop it
-        for future in pending:
-            future.cancel()  # not started yet: it never will
-        wait(pending, timeout=STOP_GRACE_S)
+        if request.search is not None:
+            from .search import SearchRun  # the search drives this driver's samples
+
+            SearchRun(self, group, request, task, stop).run()
+        else:
+            deadline = group.submitted_at + request.budgets.max_wall_time_seconds
+            plans = [self.plan_sample(group, request, row.position, task, deadline) for row in group.slots
+                     if row.state in ("pending", "running")]
+            self.run_phase(plans, stop, until=finish_by(group, request))
+        stop.set()
         if not self._closing:
             self._finish(group_id, request)
 
-    def _plan(self, group: GroupRow, request: RolloutGroupRequest, slot, job_id: int | None, task: ServedTask,
-              deadline: float) -> SamplePlan:
+    def run_phase(self, plans: list[SamplePlan], stop: threading.Event, until: float) -> None:
+        """Runs `plans` at once and waits for them until `until` (or the group's stop); what still runs
+        then is stopped and, within STOP_GRACE_S, listed failed."""
+        phase = threading.Event()
+        if plans:
+            with self._lock:
+                self._phases[plans[0].group_id] = phase
+                if stop.is_set():
+                    phase.set()
+        pending = {self._samples.submit(self._run_sample, plan, phase) for plan in plans}
+        while pending and not stop.is_set() and time.time() < until:
+            _, pending = wait(pending, timeout=min(1.0, max(0.0, until - time.time())), return_when=FIRST_COMPLETED)
+        phase.set()  # what still runs is past its time (or the group was deleted): stop it
+        for future in pending:
+            future.cancel()  # not started yet: it never will
+        wait(pending, timeout=STOP_GRACE_S)
+        if self._closing:
+            return  # the next driver carries the unfinished ones on
+        for plan in plans:  # a sample that did not end in time (or never started) failed
+            self.ledger.fail_slot(plan.group_id, plan.generation, plan.slot.sample_slot_id, OUT_OF_TIME)
+
+    def plan_sample(self, group: GroupRow, request: RolloutGroupRequest, position: int, task: ServedTask,
+              deadline: float, **search) -> SamplePlan:
+        """The sample of the slot at `position`; `search`: a search's BranchStart and labels."""
+        slot, row = request.sample_slots[position], group.slots[position]
         return SamplePlan(group_id=group.id, generation=group.submitted_at, request=request, slot=slot,
                           task_dir=task.task_dir, swe=task.swe, grade_wall_s=self.config.miles.grade_wall_seconds,
-                          sample_dir=self._group_dir(group) / f"slot-{slot.sample_index}",
-                          deadline_unix=deadline, key_env=self.config.miles.api_key_env, job_id=job_id,
-                          command_timeout_s=self.config.command_timeout_s, token_limit=self.config.token_limit)
+                          sample_dir=self.group_dir(group) / f"slot-{slot.sample_index}",
+                          deadline_unix=deadline, key_env=self.config.miles.api_key_env, job_id=row.job_id,
+                          command_timeout_s=self.config.command_timeout_s, token_limit=self.config.token_limit,
+                          **search)
 
     def _run_sample(self, plan: SamplePlan, stop: threading.Event) -> None:
         slot_id = plan.slot.sample_slot_id
@@ -195,13 +229,16 @@ class Driver:
                              trajectory=result.trajectory, failure=result.failure, budget=result.budget)
 
     def _finish(self, group_id: str, request: RolloutGroupRequest) -> None:
-        self.ledger.fail_unfinished_slots(group_id, "did not finish within the group's wall time and finalization")
+        """The group's terminal status: completed when every slot put to use returned (a search leaves
+        the slots of branches it did not need unused, which is no failure), early_stopped when some
+        failed but the minimum returned, else failed."""
+        self.ledger.fail_unfinished_slots(group_id, OUT_OF_TIME)
         group = self.ledger.group(group_id)
         if group is None or group.status not in LIVE:
             return  # deleted meanwhile
         done = sum(1 for s in group.slots if s.state == "done")
         failed = [s for s in group.slots if s.state == "failed"]
-        if done == request.max_samples:
+        if not failed and done >= request.minimum_returned_samples:
             status, reason = "completed", None
         elif done >= request.minimum_returned_samples:
             status, reason = "early_stopped", f"{len(failed)} of {request.max_samples} samples failed"
@@ -213,7 +250,7 @@ class Driver:
         if self.ledger.set_status(group_id, status, reason, time.time()):
             log.info("group %s %s (%d of %d samples)", group_id, status, done, request.max_samples)
 
-    def _group_dir(self, group: GroupRow) -> Path:
+    def group_dir(self, group: GroupRow) -> Path:
         """The group's journals and verifier files: one directory per submission of an id."""
         return self.config.data_path / "groups" / f"{_safe(group.id)}-{int(group.submitted_at * 1000)}"
 
@@ -223,17 +260,26 @@ class Driver:
         if not self.config.keep_checkpoints:
             from ..method.executor import release
 
-            release(self.store, sorted(self._group_dir(group).glob("slot-*/journal.jsonl")))
+            release(self.store, sorted(self.group_dir(group).glob("slot-*/journal.jsonl")))
         self.ledger.delete(group.id)
+
+
+def finish_by(group: GroupRow, request: RolloutGroupRequest) -> float:
+    """When the group is finished at the latest: a little before Miles stops waiting (submission + wall time
+    + finalization, plus the search's time for a search)."""
+    finalization = request.finalization_timeout_seconds
+    search = request.search.search_seconds(finalization) if request.search else 0.0
+    return (group.submitted_at + request.budgets.max_wall_time_seconds + finalization + search
+            - min(MAX_MARGIN_S, MARGIN * finalization))
 
 
 def check_servable(config: DriverConfig, request: RolloutGroupRequest) -> None:
     """Refuses what this driver cannot serve before anything is recorded: an unknown task, a search, an
     id that cannot be addressed again, a policy endpoint that is not an http(s) URL."""
     served_task(config, request.task_id)
-    if request.search is not None:
-        raise RequestRefused("Configure Sprout miles.review for search rollouts: this driver serves plain groups "
-                             "(no search)")
+    if request.search is not None and config.miles.review is None:
+        raise RequestRefused("Configure Sprout miles.review for search rollouts: this driver has no reviewer, "
+                             "so it serves plain groups (no search) only")
     if not ID_PATTERN.fullmatch(request.rollout_job_id):
         raise RequestRefused("rollout_job_id must be 1-200 letters, digits, '.', '_', ':' or '-'")
     try:
@@ -245,6 +291,10 @@ def check_servable(config: DriverConfig, request: RolloutGroupRequest) -> None:
 def group_result(group: GroupRow) -> RolloutGroupResult:
     request = group.request
     trajectories = [s.trajectory for s in group.slots if s.state == "done" and s.trajectory]
+    search = request.get("search")
+    if search:
+        roots = [s.trajectory if s.state == "done" else None for s in group.slots[:search["roots"]]]
+        annotate(trajectories, root_counts(search["roots"], roots))
     failed = [{"sample_slot_id": s.slot_id, "reason": s.failure or "failed"} for s in group.slots
               if s.state == "failed"]
     budget: dict[str, float] = {k: 0 for k in BUDGET_KEYS}
@@ -255,7 +305,8 @@ def group_result(group: GroupRow) -> RolloutGroupResult:
     budget["total_tokens"] = budget["tokens_in"] + budget["tokens_out"]
     return RolloutGroupResult(
         rollout_job_id=group.id, prompt_group_id=request["prompt_group_id"], max_samples=request["max_samples"],
-        actual_samples=len(trajectories), trajectories=trajectories, failed_samples=failed, search_branches=0,
+        actual_samples=len(trajectories), trajectories=trajectories, failed_samples=failed,
+        search_branches=sum(1 for t in trajectories if t["group"] not in (None, "root")),
         consumed_budget=budget, status=group.status, stop_reason=group.stop_reason)
 
 

@@ -32,6 +32,7 @@ from sqlalchemy.exc import IntegrityError
 from ..runstore.db import parse_url
 
 LIVE = ("queued", "running")
+UNFINISHED = ("pending", "running")
 DELETING = "deleting"  # DELETEd, its samples still stopping; answered as unknown, its id not yet free
 
 _metadata = MetaData()
@@ -137,8 +138,9 @@ class Ledger:
     def set_slot(self, group_id: str, generation: float, slot_id: str, *, state: str, job_id: int | None = None,
                  trajectory: dict[str, Any] | None = None, failure: str | None = None,
                  budget: dict[str, float] | None = None) -> bool:
-        """Records a slot of the group submitted at `generation`, while that group is queued or running
-        (a late sample of a finished, deleted or resubmitted group changes nothing). Whether it did."""
+        """Records a slot of the group submitted at `generation`, while that group is queued or running and
+        the slot is unfinished (a late sample of a finished, deleted or resubmitted group, or of a slot
+        already failed for its time, changes nothing). Whether it did."""
         values: dict[str, Any] = {"state": state, "trajectory": None if trajectory is None else json.dumps(trajectory),
                                   "failure": failure}
         if job_id is not None:
@@ -146,12 +148,22 @@ class Ledger:
         if budget is not None:
             values["budget"] = json.dumps(budget)
         live = exists().where(groups.c.id == group_id, groups.c.submitted_at == generation, groups.c.status.in_(LIVE))
-        return self._write(update(slots).where(slots.c.group_id == group_id, slots.c.slot_id == slot_id, live)
-                           .values(**values)) > 0
+        return self._write(update(slots).where(slots.c.group_id == group_id, slots.c.slot_id == slot_id,
+                                               slots.c.state.in_(UNFINISHED), live).values(**values)) > 0
+
+    def fail_slot(self, group_id: str, generation: float, slot_id: str, reason: str) -> None:
+        """Marks one slot failed unless it finished (its sample ran out of time)."""
+        self.set_slot(group_id, generation, slot_id, state="failed", failure=reason)
+
+    def plan_slots(self, group_id: str, generation: float, slot_ids: list[str]) -> None:
+        """Puts unused slots of the live group submitted at `generation` to use (a search's branches)."""
+        live = exists().where(groups.c.id == group_id, groups.c.submitted_at == generation, groups.c.status.in_(LIVE))
+        self._write(update(slots).where(slots.c.group_id == group_id, slots.c.slot_id.in_(slot_ids),
+                                        slots.c.state == "unused", live).values(state="pending"))
 
     def fail_unfinished_slots(self, group_id: str, reason: str) -> None:
         """Marks the slots still pending or running failed (the group's time is up)."""
-        self._write(update(slots).where(slots.c.group_id == group_id, slots.c.state.in_(("pending", "running")))
+        self._write(update(slots).where(slots.c.group_id == group_id, slots.c.state.in_(UNFINISHED))
                     .values(state="failed", failure=reason))
 
     def delete(self, group_id: str) -> None:

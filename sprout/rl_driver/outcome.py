@@ -33,3 +33,19 @@ def search_outcome(planned: int, graded: int, resolved: int) -> str:
     if resolved == 0:
         return "FF" if every_root_graded else "FF_partial"
     return "TF"
+
+
+def root_counts(planned: int, roots: list[dict | None]) -> dict[str, int]:
+    """The counts Miles recomputes from the returned roots: `roots` holds each root slot's trajectory (None
+    when its actor failed or it has not returned); a root is graded when its grade gave a verdict
+    (`metadata.zero_reason` is null) and resolved when it is graded with reward 1."""
+    graded = [t for t in roots if t is not None and t["metadata"].get("zero_reason") is None]
+    return {"planned": planned, "graded": len(graded), "resolved": sum(1 for t in graded if t["reward"] == 1)}
+
+
+def annotate(trajectories: list[dict], counts: dict[str, int]) -> None:
+    """Adds the search's outcome and root counts to every trajectory's `metadata.search`."""
+    outcome = search_outcome(**counts)
+    for trajectory in trajectories:
+        search = trajectory["metadata"].get("search") or {}
+        trajectory["metadata"]["search"] = {**search, "outcome": outcome, "root_counts": dict(counts)}

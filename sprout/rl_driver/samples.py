@@ -25,7 +25,7 @@ from harbor.models.trial.paths import EnvironmentPaths
 
 from ..agent.journal import Journal, read_journal
 from ..agent.models import Endpoint, SamplingParams
-from ..agent.runner import RolloutCancelled, RolloutSpec
+from ..agent.runner import InsertedTurn, RolloutCancelled, RolloutSpec
 from ..method.backend import LocalBackend, RolloutDone, RolloutRequest
 from ..sandbox import Store
 from ..sandbox.errors import CheckpointNotFound, SproutError
@@ -34,12 +34,27 @@ from ..sandbox.slots import HostSlots, SlotWaitStopped
 from ..tasks import GradeResult, load_task
 from ..tasks.swe_rebench import SweRebenchRef
 from ..worker.swe import run_swe_rollout
-from .export import TOOLS_BY_MODEL_CLASS, ExportError, export_messages, journal_messages
+from .export import TOOLS_BY_MODEL_CLASS, ExportError, export_messages, journal_messages, restored_messages
 from .protocol import RolloutGroupRequest, SampleSlot
 
 MODEL_CLASS = "tools"
 STOP_REASONS = {"LimitsExceeded": "max_turns_reached", "TimeExceeded": "timeout"}
 SAMPLING_KEYS = {"temperature", "top_p", "top_k", "stop", "max_new_tokens"}
+AFFINITY_S = 60.0  # how long a branch job waits for the worker that holds its checkpoint
+
+
+@dataclass
+class BranchStart:
+    """Where a search branch starts: a turn of an earlier sample's journal (its checkpoint, on `host`), the
+    continuation prompt it gets there (a training hint) and the repair turn it executes first, if any."""
+
+    journal: Path
+    turn: int
+    checkpoint: str
+    host: str | None
+    note: str | None
+    insert: InsertedTurn | None
+    root_branch_id: str  # the root it descends from: the trajectory's parent_branch_id
 
 
 @dataclass
@@ -59,6 +74,9 @@ class SamplePlan:
     command_timeout_s: int
     token_limit: int
     job_id: int | None = None  # the Run Store job already running it (a restarted driver waits on it)
+    branch: BranchStart | None = None  # a search branch; None: a fresh rollout
+    group_label: str | None = None  # `root`, `student:<point>`, `repair:<point>:<candidate>`; None without a search
+    search: dict[str, Any] | None = None  # metadata.search as planned (the outcome is added when answered)
 
     @property
     def attempt(self) -> str:
@@ -79,7 +97,12 @@ class SamplePlan:
                            image=self.request.image, model_class=MODEL_CLASS, step_limit=self.request.max_turns,
                            token_limit=self.token_limit, wall_time_s=wall, command_timeout_s=self.command_timeout_s,
                            sampling=sampling_params(self.request.sampling_params))
-        return RolloutRequest(attempt=self.attempt, spec=spec, trial_dir=self.sample_dir / "trial")
+        branch = self.branch
+        if branch is None:
+            return RolloutRequest(attempt=self.attempt, spec=spec, trial_dir=self.sample_dir / "trial")
+        spec.from_journal, spec.from_turn, spec.note, spec.insert = branch.journal, branch.turn, branch.note, branch.insert
+        return RolloutRequest(attempt=self.attempt, spec=spec, host=branch.host, checkpoint=branch.checkpoint,
+                              trial_dir=self.sample_dir / "trial")
 
 
 class SampleBackend(Protocol):
@@ -139,7 +162,10 @@ class RunStoreSamples:
         else:
             payload = rollout_payload(plan.rollout_request(), plan.task_dir, deadline_unix=plan.deadline_unix,
                                       swe=plan.swe, grade_wall_s=plan.grade_wall_s)
-            job = submit_job(self.client, payload, group_id=plan.group_id[:200], idempotency_key=plan.attempt)
+            affinity = {"host": plan.branch.host, "affinity_timeout_s": AFFINITY_S} if plan.branch and plan.branch.host \
+                else {}  # a branch goes where its checkpoint is (else it is shipped)
+            job = submit_job(self.client, payload, group_id=plan.group_id[:200], idempotency_key=plan.attempt,
+                             **affinity)
             on_job(job.id)
         return rollout_done(wait_job(self.client, job, wait_s=self.wait_s, stop=stop, detach=self.detach))
 
@@ -187,19 +213,23 @@ class SampleResult:
 
 def sample_result(plan: SamplePlan, done: RolloutDone, job_id: int | None, store: Store) -> SampleResult:
     """The slot's trajectory (or why there is none) from its journal and its grade; `store`: this host's,
-    where the graded checkpoint is looked up for the test paths it touched."""
+    where the graded checkpoint is looked up for the test paths it touched. The grade is kept beside the
+    journal (`grade.json`: a search reviews a failed sample with its grader's output)."""
     journal = read_journal(plan.journal)
+    if done.grade is not None:
+        (plan.sample_dir / "grade.json").write_text(done.grade.model_dump_json())
     budget = _budget(journal, done.grade)
     outcome = done.outcome
     status, stop_reason = "completed", None
     if outcome.exit_status != "Submitted":
         status, stop_reason = "truncated", STOP_REASONS.get(outcome.exit_status, "interrupted")
-    if stop_reason == "max_turns_reached" and budget["model_calls"] < plan.request.max_turns:
+    calls = journal.turns[-1].n_calls if journal.turns else journal.header.n_calls  # a branch's prefix included
+    if stop_reason == "max_turns_reached" and calls < plan.request.max_turns:
         stop_reason = "interrupted"  # the token limit, not max_turns
     if stop_reason == "interrupted" and not journal.turns:
         return SampleResult(None, f"actor failed: {outcome.exit_status}: {outcome.message}"[:500], budget)
     try:
-        exported = export_messages(journal_messages(journal))
+        exported = export_messages(journal_messages(journal), prefix=restored_messages(journal))
     except ExportError as e:
         return SampleResult(None, f"actor failed: {e}"[:500], budget)
     reward, zero_reason = _reward(done.grade)
@@ -207,17 +237,17 @@ def sample_result(plan: SamplePlan, done: RolloutDone, job_id: int | None, store
         "job_id": job_id, "attempt_id": plan.attempt, "task_id": plan.request.task_id,
         "source_image": plan.request.image, "graded_snapshot_id": outcome.final_checkpoint,
         "checkpoints": [t.checkpoint for t in journal.turns], "host": done.host, "journal": str(plan.journal),
-        "provenance": {"prefix_messages": 0, "inserted_messages": []}, "search": None,
-        "zero_reason": zero_reason, "exit_status": outcome.exit_status,
+        "provenance": {"prefix_messages": exported.prefix_messages, "inserted_messages": exported.inserted_messages},
+        "search": plan.search, "zero_reason": zero_reason, "exit_status": outcome.exit_status,
         "touched_test_paths": done.grade.touched_test_paths if done.grade and plan.swe else
         touched_test_paths(store, plan.task_dir, outcome.final_checkpoint),
         "grade": None if done.grade is None else {"verdict": done.grade.verdict, "mode": done.grade.mode,
                                                   "error": done.grade.error},
     }
-    trajectory = {"sample_slot_id": plan.slot.sample_slot_id, "branch_id": plan.attempt, "parent_branch_id": None,
-                  "group": None, "messages": exported.messages, "tools": TOOLS_BY_MODEL_CLASS[MODEL_CLASS],
-                  "reward": reward, "status": status, "stop_reason": stop_reason, "hints_removed": True,
-                  "metadata": metadata}
+    trajectory = {"sample_slot_id": plan.slot.sample_slot_id, "branch_id": plan.attempt,
+                  "parent_branch_id": plan.branch.root_branch_id if plan.branch else None, "group": plan.group_label,
+                  "messages": exported.messages, "tools": TOOLS_BY_MODEL_CLASS[MODEL_CLASS], "reward": reward,
+                  "status": status, "stop_reason": stop_reason, "hints_removed": True, "metadata": metadata}
     return SampleResult(trajectory, None, budget)
 
 

@@ -95,7 +95,8 @@ def rollout_spec(payload: RolloutPayload, endpoint):
     return RolloutSpec(task=payload.task, model=payload.model or "default", endpoint=endpoint,
                        journal=Path(options.journal), image=payload.image or defaults.IMAGE, cwd=options.cwd,
                        from_journal=Path(options.from_journal) if options.from_journal else None,
-                       from_turn=payload.turn, note=payload.note, sampling=options.sampling, **limits)
+                       from_turn=payload.turn, note=payload.note, insert=payload.insert, sampling=options.sampling,
+                       **limits)
 
 
 def _seconds_until(deadline_unix: float) -> int:

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from ..agent.models import SamplingParams
+from ..agent.runner import InsertedTurn
 from ..runstore.endpoints import EndpointRef
 from ..runstore.kinds import Payload, register_kind
 from ..tasks.swe_rebench import SweRebenchRef
@@ -42,7 +43,7 @@ class RolloutOptions(Payload):
 
 class RolloutPayload(Payload):
     """Run an agent on a task inside an image, or branch `from_checkpoint` (turn `turn` of
-    options.from_journal) with `note`."""
+    options.from_journal) with `note`, executing `insert` as the branch's first turn when given."""
 
     task: str
     image: str | None = None
@@ -50,6 +51,7 @@ class RolloutPayload(Payload):
     from_checkpoint: str | None = None
     turn: int | None = None
     note: str | None = None
+    insert: InsertedTurn | None = None
     options: RolloutOptions
 
 

@@ -143,7 +143,7 @@ def rollout_payload(request: RolloutRequest, task_dir: Path | None, *, deadline_
         from_journal=str(spec.from_journal.resolve()) if spec.from_journal is not None else None,
         grade_trial_dir=str(request.trial_dir.resolve()) if request.trial_dir is not None else None)
     return RolloutPayload(task=spec.task, image=spec.image, model=spec.model, from_checkpoint=request.checkpoint,
-                          turn=spec.from_turn, note=spec.note, options=options)
+                          turn=spec.from_turn, note=spec.note, insert=spec.insert, options=options)
 
 
 def rollout_done(result: dict[str, Any]) -> RolloutDone:

@@ -30,14 +30,16 @@ GRADE_WALL_S = 600.0  # a grade's test commands, at most, unless told (the Miles
 
 def run_swe_rollout(store: Store, spec: RolloutSpec, ref: SweRebenchRef, *, grade_wall_s: float, label: str,
                     stop: threading.Event | None = None) -> tuple[RolloutResult, GradeResult | None]:
-    """Runs `spec` on the instance `ref` names (its image and working directory replace the spec's) and
-    grades it at the end; a stopped rollout is discarded (RolloutCancelled)."""
+    """Runs `spec` on the instance `ref` names (its image and working directory replace the spec's), or a
+    branch of such a rollout, and grades it at the end; a stopped rollout is discarded (RolloutCancelled)."""
     from ..method.executor import discard
 
-    instance, parsers = _instance(ref), _parsers(ref.parser_path, ref.grader_revision)
+    instance, parsers = instance_of(ref), _parsers(ref.parser_path, ref.grader_revision)
     spec.image, spec.cwd = instance.image_name, repo_dir(instance)
-    ensure_present(store, instance.image_name, pull_policy(None), what=f"instance {instance.instance_id}'s image")
-    sandbox = store.create_sandbox(store.import_image(instance.image_name), label=label)
+    sandbox = None  # a branch starts from its checkpoint
+    if spec.from_journal is None:
+        ensure_present(store, instance.image_name, pull_policy(None), what=f"instance {instance.instance_id}'s image")
+        sandbox = store.create_sandbox(store.import_image(instance.image_name), label=label)
     graded: list[SweGrade] = []
 
     def grade_at_the_end(live: Sandbox, outcome: Outcome) -> None:
@@ -62,7 +64,7 @@ def grade_swe(store: Store, ref: SweRebenchRef, change: Checkpoint | str, *, tim
               rule: Rule = "exact") -> SweGrade:
     """The official grade of the instance `ref` names for `change`: a checkpoint (its diff against
     base_commit) or a diff as text."""
-    instance = _instance(ref)
+    instance = instance_of(ref)
     diff = agent_diff(change, instance) if isinstance(change, Checkpoint) else change
     return grade_instance(store, instance, diff, _parsers(ref.parser_path, ref.grader_revision), timeout_s=timeout_s,
                           rule=rule, network=ref.verifier_network == "allow")
@@ -77,7 +79,7 @@ def grade_result(grade: SweGrade) -> GradeResult:
                        touched_test_paths=grade.touched_test_paths)
 
 
-def _instance(ref: SweRebenchRef) -> Instance:
+def instance_of(ref: SweRebenchRef) -> Instance:
     return ref.instance(_dataset(ref.dataset_path, ref.dataset_sha256))
 
 

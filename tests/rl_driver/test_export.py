@@ -206,10 +206,11 @@ def test_hints_are_removed_from_user_and_system_only() -> None:
     result = export(raw)
     assert result.hints_removed_any
     assert [m["content"] for m in result.messages if m["role"] in ("user", "system")] == [
-        "Be brief.", "Fix the bug in add().", "Continue from here.", ""]
+        "Be brief.", "Fix the bug in add().", "Continue from here."]
     assert result.messages[2]["content"] == f"Quoting {hint}"  # what the model wrote is what it trains on
     assert HINT_OPEN in result.messages[3]["content"]
-    assert len(result.messages) == len(raw)  # a hint-only message stays, empty, so indices do not move
+    # a hint-only message goes (an empty user turn would be trained around); the rest keep their order
+    assert [m["role"] for m in result.messages] == [m["role"] for m in raw if m is not raw[-2]]
 
 
 def test_strip_hints_removes_every_span_and_stray_tag() -> None:

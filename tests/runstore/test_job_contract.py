@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from sprout.agent.models import Endpoint, SamplingParams
-from sprout.agent.runner import RolloutSpec
+from sprout.agent.runner import InsertedTurn, RolloutSpec
 from sprout.method.backend import RolloutRequest
 from sprout.worker.handlers import rollout_spec
 from sprout.worker.jobs import RolloutPayload
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.python_only
 
 # A new RolloutSpec field must be added here and carried by RolloutPayload (or named local-only).
 CARRIED = {"task", "model", "endpoint", "journal", "image", "cwd", "model_class", "step_limit", "token_limit",
-           "wall_time_s", "command_timeout_s", "sampling", "from_journal", "from_turn", "note"}
+           "wall_time_s", "command_timeout_s", "sampling", "from_journal", "from_turn", "note", "insert"}
 LOCAL_ONLY = {"keep_sandbox"}  # a worker's sandboxes are its own
 
 
@@ -28,7 +28,8 @@ def test_every_field_of_a_rollout_reaches_the_worker(tmp_path: Path):
     spec = RolloutSpec(task="fix it", model="m", endpoint=Endpoint("http://h:1/v1", None), journal=tmp_path / "j.jsonl",
                        image="img:1", cwd="/app", model_class="text", step_limit=7, token_limit=9, wall_time_s=11,
                        command_timeout_s=13, sampling=SamplingParams(temperature=0.5, top_k=3, stop=["x"]),
-                       from_journal=tmp_path / "parent.jsonl", from_turn=2, note="try again")
+                       from_journal=tmp_path / "parent.jsonl", from_turn=2, note="try again",
+                       insert=InsertedTurn(reasoning="The sum subtracts.", command="sed -i s/-/+/ calc.py", call_id="r-1"))
     payload = rollout_payload(RolloutRequest("a1", spec, checkpoint="ck-1"), tmp_path)
     wire = RolloutPayload.model_validate(json.loads(json.dumps(payload.model_dump(mode="json"))))
     back = rollout_spec(wire, spec.endpoint)

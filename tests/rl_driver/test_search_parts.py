@@ -1,0 +1,140 @@
+"""The search's parts without sandboxes: the leak gate's terms, merged repairs, the reviewer's three calls
+against a scripted reviewer (unusable answers asked again, then the fallback rule), and the provenance of an
+exported repair branch."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sprout.agent.journal import Header, JournalWriter, Limits, Outcome, ParentRef, Turn
+from sprout.agent.runner import InsertedTurn
+from sprout.rl_driver.config import ReviewConfig
+from sprout.rl_driver.export import export_messages, journal_messages, restored_messages
+from sprout.rl_driver.leaks import hidden_terms, leak_terms
+from sprout.rl_driver.outcome import annotate, root_counts
+from sprout.rl_driver.protocol import HINT_CLOSE, HINT_OPEN
+from sprout.rl_driver.review import Repair, Reviewer, ReviewTask
+from sprout.rl_driver.search import merge
+from sprout.testing.scripted_model import ScriptedModelServer
+
+pytestmark = pytest.mark.python_only
+
+
+def test_hidden_terms_follow_the_contracts_length_and_generic_rules():
+    terms = hidden_terms(["tests/test_hidden.py", "tests/conftest.py", "a/b.py", "t.py"],
+                         ["tests/test_hidden.py::TestParser::test_parse_empty_input[3]", "test_x", "x::12345678"])
+    assert terms == ["TestParser", "a/b.py", "test_hidden", "test_hidden.py", "test_parse_empty_input",
+                     "tests/conftest.py", "tests/test_hidden.py",
+                     "tests/test_hidden.py::TestParser::test_parse_empty_input[3]", "x::12345678"]
+    # not terms: generic or short basenames (conftest.py, b.py), short paths (t.py), short names (test_x),
+    # numeric parts (12345678)
+    turn = "Run tests/test_hidden.py and look at test_parse_empty_input."
+    assert leak_terms(turn, "history", terms) == [
+        "test_hidden", "test_hidden.py", "test_parse_empty_input", "tests/test_hidden.py"]
+    assert leak_terms(turn, "the agent saw test_parse_empty_input fail in test_hidden.py", terms) == [
+        "tests/test_hidden.py"]  # what the history showed is no leak
+
+
+def test_identical_repairs_merge_with_their_multiplicity():
+    a, b = Repair(reasoning="Fix it.", command="sed -i s/-/+/ calc.py"), Repair(reasoning="Look.", command="ls")
+    merged = merge([a, b, Repair(reasoning=" Fix it. ", command="sed -i s/-/+/ calc.py "), a])
+    assert [(r.command, n) for r, n in merged] == [("sed -i s/-/+/ calc.py", 3), ("ls", 1)]
+
+
+def test_root_counts_and_annotation_count_a_missing_grade_as_ungraded():
+    def root(reward: float, zero: str | None) -> dict:
+        return {"reward": reward, "metadata": {"zero_reason": zero, "search": {"kind": "root"}}}
+
+    roots = [root(1.0, None), root(0.0, "grade_failed"), None]
+    counts = root_counts(3, roots)
+    assert counts == {"planned": 3, "graded": 1, "resolved": 1}
+    annotate([roots[0]], counts)
+    assert roots[0]["metadata"]["search"] == {"kind": "root", "outcome": "TT_partial", "root_counts": counts}
+
+
+def write_journal(path: Path, turns: int, *, parent: ParentRef | None = None, messages: list | None = None,
+                  first: int = 1, new: list | None = None) -> Path:
+    writer = JournalWriter(path)
+    writer.write(Header(task="fix add()", model="m", model_class="tools", endpoint_host="h", image="i",
+                        image_key="k", cwd="/app", limits=Limits(step_limit=10, token_limit=0, wall_time_s=60,
+                                                                 command_timeout_s=10),
+                        store="/s", sandbox="sb", parent=parent, first_turn=first, n_calls=first - 1,
+                        messages=messages or [{"role": "system", "content": "sys"}, {"role": "user", "content": "fix"}]))
+    for n in range(first, first + turns):
+        writer.write(Turn(turn=n, checkpoint=f"ck-{n}", thought=f"thought {n}", commands=[f"echo step-{n}"],
+                          observation=f"step-{n}", exit_code=0, tokens_in=1, tokens_out=1, model_latency_s=0,
+                          command_s=0, checkpoint_ms=1, n_calls=n,
+                          new_messages=(new or [])[n - first] if new else []))
+    writer.write(Outcome(status="submitted", exit_status="Submitted", turns=turns, tokens_in=0, tokens_out=0,
+                         wall_s=1, final_checkpoint=f"ck-{first + turns - 1}"))
+    writer.close()
+    return path
+
+
+def review_config(server: ScriptedModelServer, **changes) -> ReviewConfig:
+    return ReviewConfig(endpoint=server.base_url, model="reviewer", **changes)
+
+
+def test_the_review_asks_again_then_falls_back_and_repairs_only_the_chosen_turns(tmp_path):
+    journal = write_journal(tmp_path / "root.jsonl", 5)
+    script = [{"content": "It never fixed add()."},
+              {"content": json.dumps({"points": [{"turn": 5, "reason": "the last turn cannot be a point"}]})},
+              {"content": "no json at all"},  # asked again once, still unusable: the fallback rule
+              {"content": json.dumps({"repairs": [{"turn": 3, "candidates": [
+                  {"reasoning": "Fix the sign.", "command": "sed -i s/-/+/ calc.py", "extra": "ignored"}]},
+                  {"turn": 9, "candidates": [{"reasoning": "x", "command": "y"}]}]})}]
+    with ScriptedModelServer(script) as server:
+        review = Reviewer(review_config(server, max_output_tokens=64, reasoning_effort="low"), None).review(
+            ReviewTask(instruction="fix add()", journal=journal, verifier_output="1 failed", points=1, candidates=2,
+                       max_turns=10))
+        bodies = [r["body"] for r in server.requests if r["path"].endswith("/chat/completions")]
+    assert review.analysis == "It never fixed add()."
+    assert [p.turn for p in review.points] == [3] and review.fallback  # evenly spaced over the valid turns 1-4
+    assert review.calls[1].problems == ["no valid point was chosen (got turns [5]; valid: 1, 2, 3, 4)"]
+    assert [(r.reasoning, r.command) for r in review.points[0].repairs] == [("Fix the sign.", "sed -i s/-/+/ calc.py")]
+    assert [c.purpose for c in review.calls] == ["analysis", "points", "points", "repairs"]
+    assert all(b["max_tokens"] == 64 and b["reasoning_effort"] == "low" for b in bodies)
+    assert "response_format" not in bodies[0] and bodies[1]["response_format"] == {"type": "json_object"}
+    assert "1 failed" in bodies[0]["messages"][1]["content"]  # the grader's output is shown
+    assert len(bodies[-1]["messages"]) == 8  # one conversation: each question after the answers before it
+
+
+def test_a_review_past_its_deadline_makes_no_call_and_uses_the_fallback(tmp_path):
+    journal = write_journal(tmp_path / "root.jsonl", 4)
+    with ScriptedModelServer([{"content": "never asked"}]) as server:
+        review = Reviewer(review_config(server), None).review(
+            ReviewTask(instruction="x", journal=journal, verifier_output="", points=2, candidates=1, max_turns=10,
+                       deadline=0.0))
+        assert [r for r in server.requests if r["path"].endswith("/chat/completions")] == []
+    assert [p.turn for p in review.points] == [2, 3] and all(p.repairs == [] for p in review.points)
+    assert review.calls[0].problems == ["no time left for the call"]
+
+
+def test_a_repair_branch_exports_its_prefix_and_inserted_turns(tmp_path):
+    root = write_journal(tmp_path / "root.jsonl", 3)
+    hint = {"role": "user", "content": f"{HINT_OPEN}Carry on.{HINT_CLOSE}"}
+    restored = [{"role": "system", "content": "sys"}, {"role": "user", "content": "fix"},
+                {"role": "assistant", "content": "a", "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
+                {"role": "tool", "content": "o", "tool_call_id": "c1"}, hint]
+    inserted = InsertedTurn(reasoning="The sum subtracts.", command="sed -i s/-/+/ calc.py", call_id="repair-1-1")
+    message = inserted.message()
+    policy = {"role": "assistant", "content": "done", "tool_calls": [
+        {"id": "c2", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]}
+    new = [[message, {"role": "tool", "content": "ok", "tool_call_id": "repair-1-1"}],
+           [policy, {"role": "tool", "content": "ok", "tool_call_id": "c2"}]]
+    branch = write_journal(tmp_path / "branch.jsonl", 2, first=2, messages=restored, new=new,
+                           parent=ParentRef(journal=str(root), turn=1, checkpoint="ck-1", note=hint["content"]))
+    from sprout.agent.journal import read_journal
+
+    loaded = read_journal(branch)
+    assert restored_messages(loaded) == 4  # the hint came after the restored history
+    exported = export_messages(journal_messages(loaded), prefix=restored_messages(loaded))
+    assert [m["role"] for m in exported.messages] == ["system", "user", "assistant", "tool", "assistant", "tool",
+                                                      "assistant", "tool"]  # the hint-only message went
+    assert (exported.prefix_messages, exported.inserted_messages) == (4, [4])
+    turn = exported.messages[4]
+    assert turn == {"role": "assistant", "content": "", "reasoning_content": "The sum subtracts.", "tool_calls": [
+        {"id": "repair-1-1", "type": "function",
+         "function": {"name": "bash", "arguments": json.dumps({"command": "sed -i s/-/+/ calc.py"})}}]}
