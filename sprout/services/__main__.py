@@ -64,7 +64,9 @@ REPO_RUNTIME = Path(__file__).resolve().parents[2] / "runtime" / "sprout-runtime
 
 PROXY_FLAGS = {"model_name": "proxy_model", "provider_model": "proxy_provider_model", "api_base": "proxy_api_base",
                "key_env": "proxy_key_env", "port": "proxy_port"}
-RL_DRIVER_FLAGS = {"tasks_dir": "rl_driver_tasks_dir", "port": "rl_driver_port"}
+RL_DRIVER_FLAGS = {"tasks_dir": "rl_driver_tasks_dir", "port": "rl_driver_port",
+                   "review_endpoint": "rl_driver_review_endpoint", "review_model": "rl_driver_review_model",
+                   "review_key_env": "rl_driver_review_key_env"}
 SECTIONS = {ProxyConfig: ("litellm-proxy", PROXY_FLAGS), RLDriverService: ("rl-driver", RL_DRIVER_FLAGS)}
 
 
@@ -75,8 +77,11 @@ def _section[S: (ProxyConfig, RLDriverService)](model: type[S], values: dict) ->
         return model(**values)
     except ValidationError as e:
         first = e.errors()[0]
+        message = first["msg"].removeprefix("Value error, ")
+        if not first["loc"]:  # a rule across fields, which the message names
+            raise SproutError(f"{service}: {message}") from None
         flag = "--" + flags.get(str(first["loc"][0]), str(first["loc"][0])).replace("_", "-")
-        raise SproutError(f"{service}: {flag}: {first['msg'].removeprefix('Value error, ')}") from None
+        raise SproutError(f"{service}: {flag}: {message}") from None
 
 
 def _section_from[S: (ProxyConfig, RLDriverService)](args, model: type[S], base: S | None, removed: bool) -> S | None:
@@ -476,6 +481,11 @@ def parser() -> argparse.ArgumentParser:
                         "Store job")
     s.add_argument("--rl-driver-port", type=int, metavar="PORT", help="the RL driver's port on 127.0.0.1 "
                    "(default 11001)")
+    s.add_argument("--rl-driver-review-endpoint", metavar="URL", help="the reviewer of search (GSML) groups: a "
+                   "Chat Completions base URL (…/v1); with --rl-driver-review-model, the driver serves searches")
+    s.add_argument("--rl-driver-review-model", metavar="NAME", help="the reviewer's model name")
+    s.add_argument("--rl-driver-review-key-env", metavar="VAR", help="the variable holding the reviewer's key "
+                   "where the driver starts (default: none)")
     s.add_argument("--no-rl-driver", action="store_true", help="remove the RL driver from the configuration")
     s.add_argument("--force", action="store_true", help="replace an existing services.json that differs")
     s.set_defaults(func=cmd_init)

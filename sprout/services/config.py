@@ -78,6 +78,17 @@ class RLDriverService(BaseModel, extra="forbid"):
     tasks_dir: str = Field(min_length=1)  # Harbor task directories; a task_id is a directory name
     host: str = "127.0.0.1"
     port: int = Field(11001, ge=1, le=65535)
+    #: The reviewer of search groups (miles.review): a Chat Completions base URL, its model and key
+    #: variable; without them the driver serves plain groups only.
+    review_endpoint: str | None = None
+    review_model: str | None = None
+    review_key_env: str | None = None
+
+    @model_validator(mode="after")
+    def _review_endpoint_and_model(self) -> "RLDriverService":
+        if (self.review_endpoint is None) != (self.review_model is None):
+            raise ValueError("a reviewer needs both --rl-driver-review-endpoint and --rl-driver-review-model")
+        return self
 
     @property
     def url(self) -> str:
@@ -180,8 +191,10 @@ def render_rl_driver(config: ServicesConfig, directory: Path) -> str:
     assert driver is not None
     directory = directory.expanduser().resolve()
     ledger = config.runstore_db if config.runstore_on_postgres else str(directory / "rl-driver.sqlite3")
+    review = None if driver.review_endpoint is None else {
+        "endpoint": driver.review_endpoint, "model": driver.review_model, "api_key_env": driver.review_key_env}
     return DriverConfig(host=driver.host, port=driver.port, tasks_dir=Path(driver.tasks_dir),
-                        driver_token_env=RL_DRIVER_TOKEN_ENV, ledger=ledger,
+                        miles={"review": review} if review else {}, driver_token_env=RL_DRIVER_TOKEN_ENV, ledger=ledger,
                         data_dir=directory / "rl-driver", runstore_url=config.url,
                         runstore_token_env="SPROUT_RUNSTORE_TOKEN",
                         runtime_bin=Path(config.runtime_bin) if config.runtime_bin else None

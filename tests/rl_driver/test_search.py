@@ -21,6 +21,7 @@ from tests.rl_driver.test_driver import (
     MilesShapedClient,
     endpoint_of,
     group_request,
+    wait_for,
     write_config,
 )
 from tests.services.test_services import services
@@ -248,3 +249,40 @@ def test_a_second_round_inserts_a_turn_later_in_the_failed_repair(tasks, tmp_pat
     assert second["messages"][:8] == first["messages"][:8]
     assert len(reviews) == 6
     assert all(bool(t["metadata"]["job_id"]) == (where == "runstore") for t in result["trajectories"])
+
+
+def test_a_driver_killed_mid_search_runs_the_same_search_after_a_restart(tasks, tmp_path):
+    """Killed while round 1's branches run: the restarted driver reads the stored review back (the reviewer
+    is not asked again), reruns the unfinished branches in the same slots and goes on to round 2."""
+    spec = search(roots=1, candidates=1, candidate_continuations=1, repair_rounds=2)
+    policy = root_script("zeta") + branch_submits(6)  # spares for the branches the kill cut short
+    review = (reviewer_script("zeta", 2, [("Look around first.", LOOK)])
+              + reviewer_script("zeta", 3, [("Now the sum: it subtracts.", FIX)], round_two=True))
+    before = {s.id for s in Store().sandboxes()}
+    with ScriptedModelServer(policy, api_key=POLICY_KEY, delay_s=1.0) as model, ScriptedModelServer(review) as reviewer:
+        config = write_config(tmp_path / "driver.json", tasks[0], miles={
+            "api_key_env": "SPROUT_MODEL_API_KEY",
+            "review": {"endpoint": reviewer.base_url, "model": "reviewer", "continuation_prompt": CONTINUE}})
+        port = free_port()
+        driver = DriverProcess(config, port).start()
+        try:
+            request = group_request(tasks[1], endpoint_of(model), 4, minimum_returned_samples=1, search=spec,
+                                    budgets={"max_wall_time_seconds": 120.0}, finalization_timeout_seconds=60.0)
+            client = MilesShapedClient(driver.url)
+            client.call("POST", "/rollout-groups", json=request)
+            wait_for(lambda: len(model.requests) >= 4, 90, "round 1's branches to call the policy")
+            assert len(reviewer.requests) == 3  # round 1's review is done and stored
+            driver.stop(signal.SIGKILL)
+            driver = DriverProcess(config, port).start()
+            result = client.run_group(request, post=False)
+            reviews = [r for r in reviewer.requests if r["path"].endswith("/chat/completions")]
+        finally:
+            driver.stop()
+    assert recount(result, request) == "FF" and result["status"] == "completed"
+    assert len(reviews) == 6  # round 1's review read back, round 2's asked once
+    slots = by_slot(result)
+    point = slots[12]["metadata"]["search"]["point_id"]
+    assert [slots[i]["group"] for i in sorted(slots)] == ["root", f"student:{point}", f"repair:{point}:1",
+                                                          f"repair:{point}:2"]
+    assert slots[14]["reward"] == 1 and slots[14]["metadata"]["provenance"]["inserted_messages"] == [6, 8]
+    assert {s.id for s in Store().sandboxes()} <= before

@@ -80,6 +80,17 @@ def test_init_and_setup_write_rl_driver_json_and_its_token(tmp_path):
     on_postgres = ServicesConfig(runstore_db=db, rl_driver=RLDriverService(tasks_dir=str(tasks)))
     assert DriverConfig.model_validate_json(render_rl_driver(on_postgres, a)).ledger == db
 
+    # a reviewer makes it serve searches (miles.review); half a reviewer is one error line
+    review = services(a, "init", "--rl-driver-review-endpoint", "http://127.0.0.1:9/v1", "--rl-driver-review-model",
+                      "reviewer", "--rl-driver-review-key-env", "REVIEW_KEY", "--force")
+    assert review.returncode == 0, review.stdout + review.stderr
+    reviewer = DriverConfig.model_validate_json((a / "rl-driver.json").read_text()).miles.review
+    assert (reviewer.endpoint, reviewer.model, reviewer.api_key_env) == ("http://127.0.0.1:9/v1", "reviewer",
+                                                                       "REVIEW_KEY")
+    half = services(tmp_path / "c", "init", "--rl-driver-tasks-dir", str(tasks), "--rl-driver-review-model", "r")
+    assert half.returncode == 1 and half.stderr.strip().splitlines() == [
+        "error: rl-driver: a reviewer needs both --rl-driver-review-endpoint and --rl-driver-review-model"], half.stderr
+
     removed = services(a, "init", "--no-rl-driver", "--force")
     assert removed.returncode == 0 and load(a).rl_driver is None
     assert "rl-driver" not in services(a, "env").stdout + services(a, "status").stdout
