@@ -5,10 +5,11 @@ thread starts its slots on the sample backend (in-process slots, or Run Store jo
 take) and waits for them until a little before submission + wall time + finalization (Miles' own limit,
 which it counts from before its POST); then it stops what still runs, lists it failed, and records the
 terminal status. A sample that ends later changes nothing: slots are written only while their group (that
-very submission of its id) is live. A DELETEd group is answered as unknown at once and forgotten once its
+very submission of its id) is live, and a finished slot never changes. A DELETEd group is answered as unknown at once and forgotten once its
 samples have stopped; its id is free again then. A driver that restarts picks up every group the ledger
 has unfinished: finished slots stay, the others run again (a Run Store job that is still running is
-waited on again, not run twice).
+waited on again, not run twice). A group with a `search` runs in phases (roots, then review rounds and
+their branches), each stopped at its own deadline; sprout.rl_driver.search plans them.
 """
 
 import hashlib
@@ -195,7 +196,7 @@ class Driver:
             self.ledger.fail_slot(plan.group_id, plan.generation, plan.slot.sample_slot_id, OUT_OF_TIME)
 
     def plan_sample(self, group: GroupRow, request: RolloutGroupRequest, position: int, task: ServedTask,
-              deadline: float, **search) -> SamplePlan:
+                    deadline: float, **search) -> SamplePlan:
         """The sample of the slot at `position`; `search`: a search's BranchStart and labels."""
         slot, row = request.sample_slots[position], group.slots[position]
         return SamplePlan(group_id=group.id, generation=group.submitted_at, request=request, slot=slot,
@@ -274,8 +275,8 @@ def finish_by(group: GroupRow, request: RolloutGroupRequest) -> float:
 
 
 def check_servable(config: DriverConfig, request: RolloutGroupRequest) -> None:
-    """Refuses what this driver cannot serve before anything is recorded: an unknown task, a search, an
-    id that cannot be addressed again, a policy endpoint that is not an http(s) URL."""
+    """Refuses what this driver cannot serve before anything is recorded: an unknown task, a search when no
+    reviewer is configured, an id that cannot be addressed again, a policy endpoint that is not an http(s) URL."""
     served_task(config, request.task_id)
     if request.search is not None and config.miles.review is None:
         raise RequestRefused("Configure Sprout miles.review for search rollouts: this driver has no reviewer, "

@@ -93,7 +93,7 @@ class SearchRun:
         spec = self.spec
         deadline = self.group.submitted_at + self.request.budgets.max_wall_time_seconds
         roots = [self.driver.plan_sample(self.group, self.request, i, self.task, deadline, group_label="root",
-                                   search={"kind": "root"})
+                                         search={"kind": "root"})
                  for i in range(spec.roots) if self.group.slots[i].state in UNFINISHED]
         self.driver.run_phase(roots, self.stop, until=min(deadline + self.finalization, self.finish))
         trajectories = self._trajectories()[:spec.roots]
@@ -123,7 +123,7 @@ class SearchRun:
                                       [self.request.sample_slots[p.position].sample_slot_id for p in planned])
         self.group = self.driver.ledger.group(self.group.id) or self.group
         plans = [self.driver.plan_sample(self.group, self.request, p.position, self.task, agents_by, branch=p.start,
-                                   group_label=p.label, search=p.search)
+                                         group_label=p.label, search=p.search)
                  for p in planned if self.group.slots[p.position].state in UNFINISHED]
         self.driver.run_phase(plans, self.stop, until=min(agents_by + self.finalization, self.finish))
 
