@@ -163,3 +163,43 @@ def swe_grade_jobs(client: RunStoreClient, config, tmp_path) -> None:
         client.submit("swe-grade", {"swe": spec, "diff": FIX, "rulez": "exact"})
     with pytest.raises(RunStoreError, match="exactly one of checkpoint_id and diff"):
         client.submit("swe-grade", {"swe": spec})
+
+
+def test_a_search_on_a_swe_rebench_instance_branches_and_gates_leaks(swe_driver, tmp_path):
+    """FF on a SWE-rebench instance: the branches start from the root's checkpoint in the instance's image
+    and are graded as the official harness; a repair naming the hidden test file is gated."""
+    config = swe_driver[3]
+    prompt = {"prompt": [{"role": "user", "content": "Work in /calc and fix this issue:\n\nmul is wrong"}],
+              "metadata": {"task_id": ROW["instance_id"], "image": IMAGE}}
+    look = {"thought": "look", "command": "git status --short", "match": "fix this issue"}
+    policy = [look, *then(SUBMIT, 2), {"thought": "submit", "command": SUBMIT, "match": "Carry on"}]
+    reasoning = "Make tests/test_mul.py pass: mul adds instead of multiplying."
+    review = [{"content": "It never changed calc/ops.py.", "match": "First question"},
+              {"content": json.dumps({"points": [{"turn": 1, "reason": "before it submitted"}]}),
+               "match": "Choose up to"},
+              {"content": json.dumps({"repairs": [{"turn": 1, "candidates": [
+                  {"reasoning": reasoning, "command": FIX_MUL}]}]}), "match": "next turn"}]
+    search = {"roots": 1, "points": 1, "candidates": 1, "student_continuations": 1, "candidate_continuations": 1,
+              "tf_student_continuations": 0, "repair_rounds": 1, "review_seconds": 60.0, "wall_time_seconds": 120.0}
+    before = sandbox_ids()
+    with ScriptedModelServer(policy, api_key=POLICY_KEY) as model, ScriptedModelServer(review) as reviewer:
+        settings = json.loads(config.read_text())
+        settings["miles"]["review"] = {"endpoint": reviewer.base_url, "model": "reviewer",
+                                       "continuation_prompt": "Carry on."}
+        searching = tmp_path / "search.json"
+        searching.write_text(json.dumps(settings))
+        driver = DriverProcess(searching, free_port()).start()
+        try:
+            request = group_request(prompt, endpoint_of(model), 3, minimum_returned_samples=1, search=search)
+            result = MilesShapedClient(driver.url).run_group(request)
+        finally:
+            driver.stop()
+    assert result["status"] == "completed" and result["search_branches"] == 2
+    root, student, repair = sorted(result["trajectories"], key=lambda t: t["sample_slot_id"])
+    assert (root["group"], root["reward"], root["metadata"]["search"]["outcome"]) == ("root", 0.0, "FF")
+    assert (student["group"].split(":")[0], student["reward"]) == ("student", 0.0)
+    assert (repair["group"].split(":")[0], repair["reward"]) == ("repair", 1.0)  # graded as the official harness
+    assert repair["metadata"]["grade"]["mode"] == "fresh" and repair["metadata"]["touched_test_paths"] == []
+    assert repair["metadata"]["search"]["leak_terms"] == ["test_mul", "test_mul.py", "tests/test_mul.py"]
+    assert repair["metadata"]["provenance"]["inserted_messages"] == [repair["metadata"]["provenance"]["prefix_messages"]]
+    assert sandbox_ids() <= before
