@@ -142,6 +142,9 @@ def export_messages(messages: list[dict], *, answer_submission: bool = True, pre
         state.out += [{"role": "tool", "content": SUBMITTED_ANSWER, "tool_call_id": new}
                       for _, new in state.pending]
     elif state.pending:
+        if state.cut[1] < state.prefix:
+            raise ExportError("the restored history has a turn whose tool calls were never answered: the branch "
+                              "cannot be exported after it")
         state.out, trimmed = state.out[:state.cut[0]], len(raw) - state.cut[1]
     hints = any(index < len(state.out) for index in state.hinted)
     exported = _result(state.out, hints, trimmed)

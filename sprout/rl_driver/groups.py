@@ -118,6 +118,11 @@ class Driver:
                     self._stop(group_id)
         self._samples.shutdown(wait=True, cancel_futures=True)
 
+    @property
+    def closing(self) -> bool:
+        """The driver is shutting down: unfinished groups are left for the next one."""
+        return self._closing
+
     def _stop(self, group_id: str) -> None:
         """Stops a group and the samples it runs (the caller holds the lock)."""
         for events in (self._stops, self._phases):
@@ -190,7 +195,7 @@ class Driver:
         for future in pending:
             future.cancel()  # not started yet: it never will
         wait(pending, timeout=STOP_GRACE_S)
-        if self._closing:
+        if self.closing:
             return  # the next driver carries the unfinished ones on
         for plan in plans:  # a sample that did not end in time (or never started) failed
             self.ledger.fail_slot(plan.group_id, plan.generation, plan.slot.sample_slot_id, OUT_OF_TIME)

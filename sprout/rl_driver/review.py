@@ -19,12 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
 from ..agent.journal import Turn, read_journal
 from ..agent.models import Endpoint
 from ..agent.runner import INSERTED
 from ..method.review import cap_middle, first_json_object
+from ..sandbox.errors import SproutError
 from .config import ReviewConfig
 
 OBSERVATION_CAP = 3_000  # per turn, head and tail
@@ -47,9 +48,14 @@ class Repair(_Record):
 
 
 class ReviewedPoint(_Record):
-    turn: int
+    turn: StrictInt
     reason: str = ""
     repairs: list[Repair] = []
+
+    @field_validator("reason", mode="before")
+    @classmethod
+    def _any_reason(cls, value: object) -> str:
+        return value if isinstance(value, str) else ""
 
 
 class ReviewCall(_Record):
@@ -81,6 +87,7 @@ class ReviewTask:
     max_turns: int  # model calls a trajectory may make
     first_turn: int = 1  # the earliest valid point
     deadline: float = float("inf")  # unix time
+    stop: threading.Event | None = None  # set: no further call (the group was deleted or the driver closes)
 
 
 @dataclass
@@ -133,6 +140,15 @@ class Reviewer:
                 point.repairs = repairs.get(point.turn, [])
         return record
 
+    def fallback(self, task: ReviewTask, why: str) -> SearchReview:
+        """The fallback rule's points, without a call (a review that failed in a way nothing foresaw)."""
+        try:
+            valid = valid_turns(history(task.journal), task)
+        except SproutError:
+            valid = []
+        return SearchReview(reviewed=str(task.journal), points=fallback_points(valid, task.points) if valid else [],
+                            fallback=why[:1000])
+
     def _ask(self, conversation: list[dict], task: ReviewTask, record: SearchReview, purpose: str, parse):
         """One question (asked again once when the answer cannot be used); the parsed answer, or None."""
         if purpose in QUESTIONS:  # the analysis question is already the conversation's last message
@@ -140,6 +156,9 @@ class Reviewer:
         for attempt in range(2 if parse else 1):
             call = ReviewCall(purpose=purpose, seconds=0.0)
             record.calls.append(call)
+            if task.stop is not None and task.stop.is_set():
+                call.problems.append("stopped: the group was deleted or the driver is closing")
+                return None
             answer = self._call(conversation, task.deadline, call, json_mode=parse is not None)
             if answer is None:
                 return None
@@ -148,7 +167,7 @@ class Reviewer:
                 return answer
             try:
                 return parse(answer)
-            except ValueError as e:
+            except (ValueError, TypeError) as e:
                 call.problems.append(_problem(e))
                 if attempt == 0:
                     conversation.append({"role": "user", "content": f"That answer cannot be used: {call.problems[-1]}. "
@@ -156,10 +175,17 @@ class Reviewer:
         return None
 
     def _call(self, messages: list[dict], deadline: float, call: ReviewCall, *, json_mode: bool) -> str | None:
-        left = min(self.config.timeout_s, deadline - time.time())
-        if left < MIN_CALL_S:
+        """The answer's text; None (the problem recorded) when the call failed or found no time: calls wait
+        for a free place among `max_concurrent_requests`, and none starts or runs past `deadline`."""
+        if deadline - time.time() < MIN_CALL_S or not self.calls.acquire(timeout=deadline - time.time() - MIN_CALL_S):
             call.problems.append("no time left for the call")
             return None
+        try:
+            return self._post(messages, min(self.config.timeout_s, deadline - time.time()), call, json_mode)
+        finally:
+            self.calls.release()
+
+    def _post(self, messages: list[dict], left: float, call: ReviewCall, json_mode: bool) -> str | None:
         body = {"model": self.config.model, "messages": messages, "temperature": self.config.temperature,
                 "max_tokens": self.config.max_output_tokens}
         if self.config.reasoning_effort:
@@ -169,15 +195,15 @@ class Reviewer:
         headers = {"Authorization": f"Bearer {self.endpoint.key}"} if self.endpoint.key else {}
         started = time.monotonic()
         try:
-            with self.calls:
-                response = httpx.post(f"{self.endpoint.url}/chat/completions", json=body, headers=headers, timeout=left)
+            response = httpx.post(f"{self.endpoint.url}/chat/completions", json=body, headers=headers, timeout=left)
             response.raise_for_status()
             data = response.json()
             message = data["choices"][0]["message"]
-            answer = message.get("content") or message.get("reasoning_content") or ""
+            answer = next((text for text in (message.get("content"), message.get("reasoning_content"))
+                           if isinstance(text, str) and text), "")
             usage = data.get("usage") or {}
             call.tokens_in, call.tokens_out = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-        except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as e:
+        except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
             call.problems.append(f"the call failed: {type(e).__name__}: {e}"[:500])
             return None
         finally:
@@ -233,8 +259,8 @@ class _Points(_Record):
 
 
 class _CandidatesAt(_Record):
-    turn: int
-    candidates: list[Repair]
+    turn: StrictInt
+    candidates: list[object]  # each read on its own: one bad candidate does not spoil the others
 
 
 class _Repairs(_Record):
@@ -259,10 +285,20 @@ def _repairs(answer: str, points: list[ReviewedPoint], n: int) -> dict[int, list
     found: dict[int, list[Repair]] = {}
     for entry in _Repairs.model_validate(_lenient(first_json_object(answer))).repairs:
         if entry.turn in wanted:
-            found.setdefault(entry.turn, []).extend(entry.candidates)
-    if not found:
-        raise ValueError(f"no repairs for the chosen turns {sorted(wanted)}")
+            found.setdefault(entry.turn, []).extend(_usable(entry.candidates))
+    if not any(found.values()):
+        raise ValueError(f"no usable repairs (a reasoning and a command each) for the chosen turns {sorted(wanted)}")
     return {turn: repairs[:n] for turn, repairs in found.items()}
+
+
+def _usable(candidates: list[object]) -> list[Repair]:
+    usable = []
+    for candidate in candidates:
+        try:
+            usable.append(Repair.model_validate(candidate))
+        except ValidationError:
+            continue
+    return usable
 
 
 def _lenient(value: object) -> object:

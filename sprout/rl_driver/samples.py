@@ -233,6 +233,8 @@ def sample_result(plan: SamplePlan, done: RolloutDone, job_id: int | None, store
     except ExportError as e:
         return SampleResult(None, f"actor failed: {e}"[:500], budget)
     reward, zero_reason = _reward(done.grade)
+    if plan.search is not None and zero_reason is None:
+        reward = 1.0 if reward >= 1 else 0.0  # a search's credit takes a verdict: pass (reward >= 1) or not
     metadata = {
         "job_id": job_id, "attempt_id": plan.attempt, "task_id": plan.request.task_id,
         "source_image": plan.request.image, "graded_snapshot_id": outcome.final_checkpoint,
@@ -242,7 +244,7 @@ def sample_result(plan: SamplePlan, done: RolloutDone, job_id: int | None, store
         "touched_test_paths": done.grade.touched_test_paths if done.grade and plan.swe else
         touched_test_paths(store, plan.task_dir, outcome.final_checkpoint),
         "grade": None if done.grade is None else {"verdict": done.grade.verdict, "mode": done.grade.mode,
-                                                  "error": done.grade.error},
+                                                  "reward": done.grade.reward, "error": done.grade.error},
     }
     trajectory = {"sample_slot_id": plan.slot.sample_slot_id, "branch_id": plan.attempt,
                   "parent_branch_id": plan.branch.root_branch_id if plan.branch else None, "group": plan.group_label,

@@ -19,7 +19,9 @@ later rounds after). Slots no branch needed stay unused, which is no failure.
 Deadlines, inside Miles' wait (submission + wall time + finalization + `search_seconds(finalization)`):
 the roots' agents stop at submission + wall time and are graded within the finalization; each round then
 has `review_seconds` for its reviews and `wall_time_seconds` for its branches' agents (cut so that half
-the finalization is left for grading before the group's end), and its grades within the finalization.
+the finalization is left for grading before the group's end; a round left with less than MIN_BRANCH_S is
+not started), and its grades within the finalization. A review that fails in a way nothing foresaw gets
+the fallback points rather than failing the group.
 
 A restarted driver runs the same search: reviews are stored in the group's directory and read back, and
 the plan is a function of them and of the ledger, so the same branches land in the same slots; finished
@@ -35,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..agent.journal import read_journal
-from ..agent.runner import InsertedTurn
+from ..agent.runner import INSERTED, InsertedTurn
 from ..tasks import GradeResult
 from .config import ServedTask
 from .leaks import leak_terms, message_text, task_terms
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sprout.rl_driver")
 GRADE_SHARE = 0.5  # of the finalization, kept for grading after a round's branches stop
+MIN_BRANCH_S = 5.0  # a round whose branches would have less agent time than this is not started
 
 
 @dataclass
@@ -96,6 +99,8 @@ class SearchRun:
                                          search={"kind": "root"})
                  for i in range(spec.roots) if self.group.slots[i].state in UNFINISHED]
         self.driver.run_phase(roots, self.stop, until=min(deadline + self.finalization, self.finish))
+        if self._stopping():
+            return  # a closing driver's roots may still run: the next driver decides the outcome
         trajectories = self._trajectories()[:spec.roots]
         outcome = search_outcome(**root_counts(spec.roots, trajectories))
         log.info("group %s: roots give %s", self.group.id, outcome)
@@ -108,17 +113,28 @@ class SearchRun:
         repairing = outcome == "FF" and spec.candidates > 0
         rounds = spec.repair_rounds if repairing else 1
         for number in range(1, rounds + 1):
-            if self.stop.is_set() or time.time() >= self.finish:
+            if self._stopping() or self._agents_by(time.time()) - time.time() < MIN_BRANCH_S:
                 return
-            review_by = time.time() + spec.review_seconds
+            review_by = min(time.time() + spec.review_seconds, self._agents_by(float("inf")) - MIN_BRANCH_S)
             planned = (self._first_round(reviewed, students, repairing, review_by) if number == 1
                        else self._later_round(number, review_by))
             if not planned:
                 return
             self._run_round(planned)
 
+    def _stopping(self) -> bool:
+        return self.stop.is_set() or self.driver.closing
+
+    def _agents_by(self, start: float) -> float:
+        """When the agents of a round started at `start` stop: its wall time, or earlier, leaving half the
+        finalization for grading before the group's end."""
+        return min(start + self.spec.wall_time_seconds, self.finish - GRADE_SHARE * self.finalization)
+
     def _run_round(self, planned: list[Planned]) -> None:
-        agents_by = min(time.time() + self.spec.wall_time_seconds, self.finish - GRADE_SHARE * self.finalization)
+        agents_by = self._agents_by(time.time())
+        if self._stopping() or agents_by - time.time() < MIN_BRANCH_S:
+            log.warning("group %s: no time left for %d branches", self.group.id, len(planned))
+            return
         self.driver.ledger.plan_slots(self.group.id, self.group.submitted_at,
                                       [self.request.sample_slots[p.position].sample_slot_id for p in planned])
         self.group = self.driver.ledger.group(self.group.id) or self.group
@@ -152,14 +168,18 @@ class SearchRun:
 
     def _later_round(self, number: int, review_by: float) -> list[Planned]:
         trajectories = self._trajectories()
-        planned: list[Planned] = []
+        reviewed: list[tuple[Chain, dict]] = []
         for chain in self.chains:
             if any(_resolved(trajectories[p]) for p in chain.positions):
                 continue
             failed = next((trajectories[p] for p in chain.last_repairs if _failed(trajectories[p])), None)
-            if failed is None:
-                continue
-            review = self._review(number, failed, self._review_task(failed, 1, 1, chain.step + 1, review_by))
+            if failed is not None:
+                reviewed.append((chain, failed))
+        tasks = [self._review_task(failed, 1, 1, chain.step + 1, review_by) for chain, failed in reviewed]
+        with ThreadPoolExecutor(max_workers=max(1, len(tasks)), thread_name_prefix="review") as pool:
+            reviews = list(pool.map(self._review, [number] * len(tasks), [f for _, f in reviewed], tasks))
+        planned: list[Planned] = []
+        for (chain, failed), review in zip(reviewed, reviews, strict=True):
             if not review.points or not review.points[0].repairs:
                 continue
             point = review.points[0]
@@ -210,14 +230,20 @@ class SearchRun:
         output = GradeResult.model_validate_json(grade_file.read_text()).verifier_output if grade_file.exists() else ""
         return ReviewTask(instruction=prompt_text(self.request.prompt), journal=journal, verifier_output=output,
                           points=points, candidates=candidates, max_turns=self.request.max_turns,
-                          first_turn=first_turn, deadline=deadline)
+                          first_turn=first_turn, deadline=deadline, stop=self.stop)
 
     def _review(self, number: int, source: dict, task: ReviewTask) -> SearchReview:
         """The review of `source` in round `number`: read back when a previous driver made it."""
         path = self.reviews / f"round-{number}-{source['branch_id']}.json"
         if path.exists():
             return SearchReview.model_validate_json(path.read_text())
-        review = self.reviewer.review(task)
+        try:
+            review = self.reviewer.review(task)
+        except Exception as e:  # noqa: BLE001 - an answer or a journal nothing foresaw: the fallback, not a lost group
+            log.exception("group %s: the review of %s failed", self.group.id, source["branch_id"])
+            review = self.reviewer.fallback(task, f"the review failed: {type(e).__name__}: {e}")
+        if self._stopping():
+            return review  # cut short: not kept, a next driver asks again
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".partial")
         partial.write_text(review.model_dump_json(indent=1))
@@ -231,13 +257,23 @@ class SearchRun:
             self._terms = task_terms(self.task)
         if self._terms is None:
             return None
-        history = message_text(read_journal(start.journal).messages_up_to(start.turn))
+        history = message_text(policy_messages(read_journal(start.journal).messages_up_to(start.turn)))
         return leak_terms(f"{insert.reasoning}\n{insert.command}", history, self._terms)
 
     def _trajectories(self) -> list[dict | None]:
         """Each slot's trajectory (None until it returned one), by position."""
         group = self.driver.ledger.group(self.group.id) or self.group
         return [s.trajectory if s.state == "done" else None for s in group.slots]
+
+
+def policy_messages(messages: list[dict]) -> list[dict]:
+    """The history without earlier inserted turns and their results: what a reviewer wrote before is no
+    evidence that the agent was shown a hidden term."""
+    inserted = [m for m in messages if (m.get("extra") or {}).get(INSERTED)]
+    calls = {call.get("id") for m in inserted for call in m.get("tool_calls") or []}
+    left_out = {id(m) for m in inserted} | {id(m) for m in messages
+                                           if m.get("role") == "tool" and m.get("tool_call_id") in calls}
+    return [m for m in messages if id(m) not in left_out]
 
 
 def merge(repairs: list[Repair]) -> list[tuple[Repair, int]]:

@@ -11,7 +11,7 @@ from sprout.agent.journal import Header, JournalWriter, Limits, Outcome, ParentR
 from sprout.agent.runner import InsertedTurn
 from sprout.rl_driver.config import ReviewConfig
 from sprout.rl_driver.export import export_messages, journal_messages, restored_messages
-from sprout.rl_driver.leaks import hidden_terms, leak_terms
+from sprout.rl_driver.leaks import hidden_terms, leak_terms, message_text
 from sprout.rl_driver.outcome import annotate, root_counts
 from sprout.rl_driver.protocol import HINT_CLOSE, HINT_OPEN
 from sprout.rl_driver.review import Repair, Reviewer, ReviewTask
@@ -138,3 +138,63 @@ def test_a_repair_branch_exports_its_prefix_and_inserted_turns(tmp_path):
     assert turn == {"role": "assistant", "content": "", "reasoning_content": "The sum subtracts.", "tool_calls": [
         {"id": "repair-1-1", "type": "function",
          "function": {"name": "bash", "arguments": json.dumps({"command": "sed -i s/-/+/ calc.py"})}}]}
+
+
+def test_odd_reviewer_answers_keep_what_is_usable():
+    from sprout.rl_driver.review import ReviewedPoint, _points, _repairs
+
+    points = _points(json.dumps({"points": [{"turn": 2, "reason": None, "note": "extra keys are ignored"}]}), [1, 2], 1)
+    assert [(p.turn, p.reason) for p in points] == [(2, "")]
+    with pytest.raises(ValueError, match="points"):  # a boolean is no turn number
+        _points(json.dumps({"points": [{"turn": True}]}), [1, 2], 1)
+    answer = {"repairs": [{"turn": 2, "candidates": [{"reasoning": "", "command": "ls"}, "not an object",
+                                                     {"reasoning": "Fix the sign.", "command": "sed -i s/-/+/ c.py"}]}]}
+    repairs = _repairs(json.dumps(answer), [ReviewedPoint(turn=2)], 2)
+    assert [r.reasoning for r in repairs[2]] == ["Fix the sign."]  # one bad candidate spoils nothing else
+    with pytest.raises(ValueError, match="no usable repairs"):
+        _repairs(json.dumps({"repairs": [{"turn": 2, "candidates": [{"reasoning": " "}]}]}), [ReviewedPoint(turn=2)], 1)
+
+
+def test_a_reviewer_busy_past_the_deadline_is_not_called(tmp_path):
+    import time
+
+    journal = write_journal(tmp_path / "root.jsonl", 3)
+    with ScriptedModelServer([{"content": "never asked"}]) as server:
+        reviewer = Reviewer(review_config(server, max_concurrent_requests=1), None)
+        reviewer.calls.acquire()  # another group's call holds the only place
+        started = time.monotonic()
+        review = reviewer.review(ReviewTask(instruction="x", journal=journal, verifier_output="", points=1,
+                                            candidates=0, max_turns=10, deadline=time.time() + 3))
+        assert time.monotonic() - started < 3
+        assert [r for r in server.requests if r["path"].endswith("/chat/completions")] == []
+    assert review.calls[0].problems == ["no time left for the call"] and review.fallback
+
+
+def test_the_leak_gate_does_not_count_an_earlier_repair_as_shown():
+    from sprout.rl_driver.search import policy_messages
+
+    earlier = InsertedTurn(reasoning="Run tests/test_hidden.py.", command="pytest tests/test_hidden.py",
+                           call_id="repair-1-1").message()
+    history = [{"role": "user", "content": "fix"}, earlier,
+               {"role": "tool", "content": "tests/test_hidden.py: 1 failed", "tool_call_id": "repair-1-1"},
+               {"role": "assistant", "content": "ok", "tool_calls": [
+                   {"id": "c9", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
+               {"role": "tool", "content": "done", "tool_call_id": "c9"}]
+    kept = policy_messages(history)
+    assert [m["content"] for m in kept] == ["fix", "ok", "done"]
+    terms = hidden_terms(["tests/test_hidden.py"], [])
+    assert leak_terms("pytest tests/test_hidden.py", message_text(kept), terms) == [
+        "test_hidden.py", "tests/test_hidden.py"]
+
+
+def test_a_branch_whose_restored_history_is_cut_is_not_exported():
+    from sprout.rl_driver.export import ExportError
+
+    call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+    restored = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                {"role": "assistant", "content": "a", "tool_calls": [call]},
+                {"role": "user", "content": "format error: the call was never run"}]
+    own = [{"role": "assistant", "content": "b", "tool_calls": [dict(call, id="c2")]},
+           {"role": "tool", "content": "o", "tool_call_id": "c2"}]
+    with pytest.raises(ExportError, match="restored history"):
+        export_messages(restored + own, prefix=len(restored))
