@@ -224,25 +224,15 @@ class Placement:
                 problems.append(f"services down: {e}")
         return problems
 
-    def group(self, prompt: dict, endpoint: str, samples: int, turns: int, row: Row) -> None:
-        """POST a group, GET it every POLL_S until terminal, DELETE it; fills `row`."""
-        job = f"bench-{uuid.uuid4().hex}"
-        request = {"rollout_job_id": job, "rollout_id": 1, "prompt_group_id": "0",
-                   "task_id": prompt["metadata"]["task_id"], "image": prompt["metadata"]["image"],
-                   "prompt": prompt["prompt"], "model_endpoint": endpoint, "model": "policy",
-                   "sample_slots": [{"sample_slot_id": f"{job}:slot:{i}", "sample_index": i}
-                                    for i in range(samples)],
-                   "max_samples": samples, "minimum_returned_samples": samples, "max_turns": turns + 2,
-                   "finalization_timeout_seconds": 120.0,
-                   "sampling_params": {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 512},
-                   "budgets": {"max_wall_time_seconds": WALL_LIMIT_S}}
-        posted = False
+    def run(self, body: dict, problems: list[str]) -> tuple[dict, float, object]:
+        """POST a group, GET it every POLL_S until terminal, DELETE it (a failed DELETE goes in `problems`):
+        its result, the client's wall seconds and its ledger row (read before DELETE forgets it)."""
+        job = body["rollout_job_id"]
+        started = time.monotonic()
+        response = self.http.post("/rollout-groups", json=body)
+        if response.status_code != 202:
+            raise RuntimeError(f"POST: {response.status_code} {response.text[:500]}")
         try:
-            started = time.monotonic()
-            response = self.http.post("/rollout-groups", json=request)
-            if response.status_code != 202:
-                raise RuntimeError(f"POST: {response.status_code} {response.text[:500]}")
-            posted = True
             while True:
                 response = self.http.get(f"/rollout-groups/{job}")
                 if response.status_code != 200:
@@ -253,13 +243,15 @@ class Placement:
                 if time.monotonic() - started > WALL_LIMIT_S + 180:
                     raise RuntimeError("the group outlived its wall time and finalization")
                 time.sleep(POLL_S)
-            row.wall_s = time.monotonic() - started
-            ledger = self.ledger.group(job)  # read before DELETE forgets it
+            return result, time.monotonic() - started, self.ledger.group(job)
         finally:
-            if posted:
-                deleted = self.http.delete(f"/rollout-groups/{job}")
-                if deleted.status_code != 200:
-                    row.problems.append(f"DELETE: {deleted.status_code} {deleted.text[:200]}")
+            deleted = self.http.delete(f"/rollout-groups/{job}")
+            if deleted.status_code != 200:
+                problems.append(f"DELETE: {deleted.status_code} {deleted.text[:200]}")
+
+    def group(self, prompt: dict, endpoint: str, samples: int, turns: int, row: Row) -> None:
+        """Runs a plain group of `samples` x `turns` calls; fills `row`."""
+        result, row.wall_s, ledger = self.run(request_body(prompt, endpoint, samples, turns), row.problems)
         row.actual = result["actual_samples"]
         row.sandbox_s = result["consumed_budget"]["sandbox_seconds"] / max(row.actual, 1)
         if result["status"] != "completed":
@@ -285,32 +277,16 @@ CONTINUE = "Carry on from here."
 
 
 def request_body(prompt: dict, endpoint: str, samples: int, turns: int, search: dict | None = None) -> dict:
+    """A Miles-shaped request: `samples` slots, room for `turns` model calls, a search when given."""
     job = f"bench-{uuid.uuid4().hex}"
     body = {"rollout_job_id": job, "rollout_id": 1, "prompt_group_id": "0", "task_id": prompt["metadata"]["task_id"],
             "image": prompt["metadata"]["image"], "prompt": prompt["prompt"], "model_endpoint": endpoint,
             "model": "policy", "max_samples": samples, "minimum_returned_samples": 1 if search else samples,
             "sample_slots": [{"sample_slot_id": f"{job}:slot:{i}", "sample_index": i} for i in range(samples)],
             "max_turns": turns + 2, "finalization_timeout_seconds": 120.0,
-            "sampling_params": {"temperature": 1.0, "top_p": 1.0, "top_k": -1},
+            "sampling_params": {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 512},
             "budgets": {"max_wall_time_seconds": WALL_LIMIT_S}}
     return body | ({"search": search} if search else {})
-
-
-def post_group(placement: "Placement", body: dict) -> tuple[dict, float]:
-    """POST, GET every POLL_S until terminal, DELETE: the result and the client's wall seconds."""
-    job = body["rollout_job_id"]
-    started = time.monotonic()
-    response = placement.http.post("/rollout-groups", json=body)
-    if response.status_code != 202:
-        raise RuntimeError(f"POST: {response.status_code} {response.text[:500]}")
-    try:
-        while (result := placement.http.get(f"/rollout-groups/{job}").json())["status"] not in TERMINAL:
-            if time.monotonic() - started > WALL_LIMIT_S + 180:
-                raise RuntimeError("the group outlived its wall time and finalization")
-            time.sleep(POLL_S)
-        return result, time.monotonic() - started
-    finally:
-        placement.http.delete(f"/rollout-groups/{job}")
 
 
 @dataclass
@@ -362,8 +338,8 @@ def search_main(args, console: Console, root: Path, prompt: dict) -> list[str]:
             for name, steps, samples, turns, search in groups:
                 console.print(f"{name}: a group of {samples} at {args.latency:g} s per call ...")
                 with ScriptedModelServer(steps, delay_s=args.latency) as model:
-                    result, wall = post_group(placement, request_body(prompt, model.base_url.removesuffix("/v1"),
-                                                                      samples, turns, search))
+                    result, wall, _ = placement.run(request_body(prompt, model.base_url.removesuffix("/v1"),
+                                                                 samples, turns, search), problems)
                 rows[name].add(result, wall)
                 if result["status"] != "completed" or result["actual_samples"] != samples:
                     problems.append(f"{name}: {result['status']}, {result['actual_samples']} of {samples} samples: "

@@ -207,7 +207,7 @@ def review(config: ReviewerConfig, inp: ReviewInput, *, review_id: str, round_nu
             if not points:
                 record.problems.append("no usable branch point")
         except ValueError as e:  # no JSON, or pydantic's ValidationError (a ValueError)
-            record.problems = _problems(e)
+            record.problems = answer_problems(e)
         if points:
             record.accepted = True
             break
@@ -224,7 +224,8 @@ def review(config: ReviewerConfig, inp: ReviewInput, *, review_id: str, round_nu
                         seconds=round(time.monotonic() - started, 3))
 
 
-def _problems(error: ValueError) -> list[str]:
+def answer_problems(error: ValueError) -> list[str]:
+    """What is wrong with an answer: each schema error by its place, or the error's text."""
     if isinstance(error, ValidationError):
         return [f"{'.'.join(map(str, e['loc'])) or 'answer'}: {e['msg']}" for e in error.errors()[:10]]
     return [str(error)]

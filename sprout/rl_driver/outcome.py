@@ -39,8 +39,22 @@ def root_counts(planned: int, roots: list[dict | None]) -> dict[str, int]:
     """The counts Miles recomputes from the returned roots: `roots` holds each root slot's trajectory (None
     when its actor failed or it has not returned); a root is graded when its grade gave a verdict
     (`metadata.zero_reason` is null) and resolved when it is graded with reward 1."""
-    graded = [t for t in roots if t is not None and t["metadata"].get("zero_reason") is None]
-    return {"planned": planned, "graded": len(graded), "resolved": sum(1 for t in graded if t["reward"] == 1)}
+    graded_roots = [t for t in roots if graded(t)]
+    return {"planned": planned, "graded": len(graded_roots), "resolved": sum(1 for t in graded_roots if resolved(t))}
+
+
+def graded(trajectory: dict | None) -> bool:
+    """The trajectory's grade gave a verdict (no `zero_reason`)."""
+    return trajectory is not None and trajectory["metadata"].get("zero_reason") is None
+
+
+def resolved(trajectory: dict | None) -> bool:
+    return graded(trajectory) and trajectory["reward"] == 1
+
+
+def failed(trajectory: dict | None) -> bool:
+    """Graded, and not resolved."""
+    return graded(trajectory) and trajectory["reward"] != 1
 
 
 def annotate(trajectories: list[dict], counts: dict[str, int]) -> None:

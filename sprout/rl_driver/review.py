@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, f
 from ..agent.journal import Turn, read_journal
 from ..agent.models import Endpoint
 from ..agent.runner import INSERTED
-from ..method.review import cap_middle, first_json_object
+from ..method.review import answer_problems, cap_middle, first_json_object
 from ..sandbox.errors import SproutError
 from .config import ReviewConfig
 
@@ -168,7 +168,7 @@ class Reviewer:
             try:
                 return parse(answer)
             except (ValueError, TypeError) as e:
-                call.problems.append(_problem(e))
+                call.problems.append("; ".join(answer_problems(e)[:5]))
                 if attempt == 0:
                     conversation.append({"role": "user", "content": f"That answer cannot be used: {call.problems[-1]}. "
                                          "Reply with only the JSON object, in the form asked."})
@@ -321,9 +321,3 @@ def fallback_points(valid: list[int], n: int) -> list[ReviewedPoint]:
 
 def _ranges(turns: list[int]) -> str:
     return ", ".join(map(str, turns)) if len(turns) <= 12 else f"{turns[0]}..{turns[-1]} (with checkpoints)"
-
-
-def _problem(error: ValueError) -> str:
-    if isinstance(error, ValidationError):
-        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'answer'}: {e['msg']}" for e in error.errors()[:5])
-    return str(error)

@@ -33,6 +33,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +43,7 @@ from ..tasks import GradeResult
 from .config import ServedTask
 from .leaks import leak_terms, message_text, task_terms
 from .ledger import UNFINISHED, GroupRow
-from .outcome import root_counts, search_outcome
+from .outcome import failed, resolved, root_counts, search_outcome
 from .protocol import HINT_CLOSE, HINT_OPEN, RolloutGroupRequest
 from .review import Repair, ReviewTask, SearchReview
 from .samples import BranchStart, prompt_text
@@ -90,7 +91,6 @@ class SearchRun:
         self.reviews = driver.group_dir(group) / "reviews"
         self.next_position = self.spec.roots
         self.chains: list[Chain] = []
-        self._terms: list[str] | None | bool = False  # False: not read yet
 
     def run(self) -> None:
         spec = self.spec
@@ -107,7 +107,7 @@ class SearchRun:
         if outcome == "FF":
             reviewed, students = trajectories, spec.student_continuations
         elif outcome in ("TF", "FF_partial") and spec.tf_student_continuations:
-            reviewed, students = [t for t in trajectories if _failed(t)], spec.tf_student_continuations
+            reviewed, students = [t for t in trajectories if failed(t)], spec.tf_student_continuations
         else:
             return
         repairing = outcome == "FF" and spec.candidates > 0
@@ -147,8 +147,7 @@ class SearchRun:
         spec = self.spec
         tasks = [self._review_task(root, spec.points, spec.candidates if repairing else 0, 1, review_by)
                  for root in reviewed]
-        with ThreadPoolExecutor(max_workers=max(1, len(tasks)), thread_name_prefix="review") as pool:
-            reviews = list(pool.map(self._review, [1] * len(tasks), reviewed, tasks))
+        reviews = self._reviews(1, reviewed, tasks)
         planned: list[Planned] = []
         for root, review in zip(reviewed, reviews, strict=True):
             for number, point in enumerate(review.points, start=1):
@@ -170,23 +169,22 @@ class SearchRun:
         trajectories = self._trajectories()
         reviewed: list[tuple[Chain, dict]] = []
         for chain in self.chains:
-            if any(_resolved(trajectories[p]) for p in chain.positions):
+            if any(resolved(trajectories[p]) for p in chain.positions):
                 continue
-            failed = next((trajectories[p] for p in chain.last_repairs if _failed(trajectories[p])), None)
-            if failed is not None:
-                reviewed.append((chain, failed))
-        tasks = [self._review_task(failed, 1, 1, chain.step + 1, review_by) for chain, failed in reviewed]
-        with ThreadPoolExecutor(max_workers=max(1, len(tasks)), thread_name_prefix="review") as pool:
-            reviews = list(pool.map(self._review, [number] * len(tasks), [f for _, f in reviewed], tasks))
+            repair = next((trajectories[p] for p in chain.last_repairs if failed(trajectories[p])), None)
+            if repair is not None:
+                reviewed.append((chain, repair))
+        tasks = [self._review_task(repair, 1, 1, chain.step + 1, review_by) for chain, repair in reviewed]
+        reviews = self._reviews(number, [source for _, source in reviewed], tasks)
         planned: list[Planned] = []
-        for (chain, failed), review in zip(reviewed, reviews, strict=True):
+        for (chain, repair), review in zip(reviewed, reviews, strict=True):
             if not review.points or not review.points[0].repairs:
                 continue
             point = review.points[0]
             base = {"point_id": chain.point_id, "point": chain.number, "step": point.turn, "round": number,
-                    "parent_job_id": failed["branch_id"]}
+                    "parent_job_id": repair["branch_id"]}
             chain.step = point.turn
-            planned += self._repair(chain, self._start(chain.root, failed, point.turn), point.repairs[0], 1, base)
+            planned += self._repair(chain, self._start(chain.root, repair, point.turn), point.repairs[0], 1, base)
         return planned
 
     def _repair(self, chain: Chain, start: BranchStart, repair: Repair, multiplicity: int,
@@ -232,6 +230,11 @@ class SearchRun:
                           points=points, candidates=candidates, max_turns=self.request.max_turns,
                           first_turn=first_turn, deadline=deadline, stop=self.stop)
 
+    def _reviews(self, number: int, sources: list[dict], tasks: list[ReviewTask]) -> list[SearchReview]:
+        """The reviews of round `number`, all at once."""
+        with ThreadPoolExecutor(max_workers=max(1, len(tasks)), thread_name_prefix="review") as pool:
+            return list(pool.map(self._review, [number] * len(tasks), sources, tasks))
+
     def _review(self, number: int, source: dict, task: ReviewTask) -> SearchReview:
         """The review of `source` in round `number`: read back when a previous driver made it."""
         path = self.reviews / f"round-{number}-{source['branch_id']}.json"
@@ -252,13 +255,15 @@ class SearchRun:
             log.info("group %s: review of %s: %s", self.group.id, source["branch_id"], review.fallback)
         return review
 
+    @cached_property
+    def hidden_terms(self) -> list[str] | None:
+        return task_terms(self.task)
+
     def _leaks(self, start: BranchStart, insert: InsertedTurn) -> list[str] | None:
-        if self._terms is False:
-            self._terms = task_terms(self.task)
-        if self._terms is None:
+        if self.hidden_terms is None:
             return None
         history = message_text(policy_messages(read_journal(start.journal).messages_up_to(start.turn)))
-        return leak_terms(f"{insert.reasoning}\n{insert.command}", history, self._terms)
+        return leak_terms(f"{insert.reasoning}\n{insert.command}", history, self.hidden_terms)
 
     def _trajectories(self) -> list[dict | None]:
         """Each slot's trajectory (None until it returned one), by position."""
@@ -283,15 +288,3 @@ def merge(repairs: list[Repair]) -> list[tuple[Repair, int]]:
         key = (repair.reasoning.strip(), repair.command.strip())
         merged.setdefault(key, [repair, 0])[1] += 1
     return [(repair, count) for repair, count in merged.values()]
-
-
-def _graded(trajectory: dict | None) -> bool:
-    return trajectory is not None and trajectory["metadata"].get("zero_reason") is None
-
-
-def _failed(trajectory: dict | None) -> bool:
-    return _graded(trajectory) and trajectory["reward"] != 1
-
-
-def _resolved(trajectory: dict | None) -> bool:
-    return _graded(trajectory) and trajectory["reward"] == 1
