@@ -38,8 +38,8 @@ def make_driver(config: DriverConfig) -> Driver:
 
         client = RunStoreClient(*runstore)
         return Driver(config, ledger, RunStoreSamples(client, config.poll_interval_s), slots=RUNSTORE_WAITERS)
-    store = Store(runtime_bin=config.runtime_bin)
-    try:  # half-made subvolumes a killed driver left (its samples' sandboxes go as their groups resume)
+    store = Store(runtime_bin=config.runtime_bin, owner={"worker": "rl-driver"})  # a killed driver's leftovers are reaped
+    try:  # what a killed driver left: its unfinished samples' sandboxes and checkpoints, half-made subvolumes
         for line in store.gc():
             log.info("reaped %s", line)
     except SproutError as e:

@@ -116,7 +116,10 @@ class SampleBackend(Protocol):
 
 class LocalSamples:
     """Samples run in this process, in this host's store, each in one of the host's slots (the agent's
-    wall time is what is left of the group's once the slot is free)."""
+    wall time is what is left of the group's once the slot is free). `store` should have an owner: what a
+    sample makes belongs to this process until the sample finishes, so the sandboxes and checkpoints of a
+    killed driver's unfinished samples (a snapshot not yet journaled included) are reaped by the next
+    one's gc."""
 
     def __init__(self, store: Store):
         self.store = store
@@ -133,11 +136,14 @@ class LocalSamples:
                     request = plan.rollout_request()
                     result, grade = run_swe_rollout(self.store, request.spec, plan.swe, grade_wall_s=plan.grade_wall_s,
                                                     label=request.attempt, stop=stop)
-                    return RolloutDone(result.outcome, socket.gethostname(), grade)
-                backend = LocalBackend(self.store, load_task(plan.task_dir), hold_slots=False)
-                return backend.rollout(plan.rollout_request(), None, stop)
+                    done = RolloutDone(result.outcome, socket.gethostname(), grade)
+                else:
+                    backend = LocalBackend(self.store, load_task(plan.task_dir), hold_slots=False)
+                    done = backend.rollout(plan.rollout_request(), None, stop)
         except SlotWaitStopped:
             raise RolloutCancelled("stopped while waiting for a free slot on this host") from None
+        self.store.adopt([t.checkpoint for t in read_journal(plan.journal).turns if t.checkpoint])
+        return done
 
     def close(self) -> None:
         pass

@@ -319,7 +319,7 @@ def test_a_driver_killed_mid_group_carries_it_on_after_a_restart(tasks, tmp_path
     port = free_port()
     driver = DriverProcess(config, port).start()
     client = MilesShapedClient(driver.url)
-    before = sandbox_ids()
+    before, checkpoints = sandbox_ids(), {c.id for c in Store().checkpoints()}
     try:
         with ScriptedModelServer(first("ls /app", 4) + then("cat /app/calc.py", 4) + then(SUBMIT, 4),
                                  api_key=POLICY_KEY, delay_s=1.0) as model:
@@ -329,16 +329,19 @@ def test_a_driver_killed_mid_group_carries_it_on_after_a_restart(tasks, tmp_path
             driver.stop(signal.SIGKILL)
             half_made = Store().root / "checkpoints" / f"cp-killed-{uuid.uuid4().hex[:8]}"  # killed mid-snapshot
             btrfs.create(half_made)
+            # killed between a snapshot and its journal line: a checkpoint of the killed driver's sample
+            unjournaled = Store().sandbox(sorted(sandbox_ids() - before)[0]).checkpoint(label="never journaled")
             try:
                 driver = DriverProcess(config, port).start()
                 assert not half_made.exists()  # the restarted driver cleaned up after the killed one
+                assert unjournaled.id not in {c.id for c in Store().checkpoints()}
             finally:
                 btrfs.delete(half_made)
             again = client.call("POST", "/rollout-groups", json=request)  # an identical re-POST: its status
             assert again == {"rollout_job_id": request["rollout_job_id"], "status": "running"}
             result = client.run_group(request, post=False)
         assert result["status"] == "completed" and result["actual_samples"] == 2
-        assert sandbox_ids() <= before
+        assert sandbox_ids() <= before and {c.id for c in Store().checkpoints()} <= checkpoints
     finally:
         driver.stop()
 

@@ -259,6 +259,7 @@ def test_a_driver_killed_mid_search_runs_the_same_search_after_a_restart(tasks, 
     review = (reviewer_script("zeta", 2, [("Look around first.", LOOK)])
               + reviewer_script("zeta", 3, [("Now the sum: it subtracts.", FIX)], round_two=True))
     before = {s.id for s in Store().sandboxes()}
+    checkpoints = {c.id for c in Store().checkpoints()}
     with ScriptedModelServer(policy, api_key=POLICY_KEY, delay_s=1.0) as model, ScriptedModelServer(review) as reviewer:
         config = write_config(tmp_path / "driver.json", tasks[0], miles={
             "api_key_env": "SPROUT_MODEL_API_KEY",
@@ -286,3 +287,6 @@ def test_a_driver_killed_mid_search_runs_the_same_search_after_a_restart(tasks, 
                                                           f"repair:{point}:2"]
     assert slots[14]["reward"] == 1 and slots[14]["metadata"]["provenance"]["inserted_messages"] == [6, 8]
     assert {s.id for s in Store().sandboxes()} <= before
+    # none left: the killed driver's unfinished branches (a snapshot it made but never journaled included) were
+    # reaped by the restarted one, the rest released by the DELETE
+    assert {c.id for c in Store().checkpoints()} <= checkpoints
