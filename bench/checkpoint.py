@@ -1,6 +1,7 @@
 """Checkpoint benchmark: everything measured in one run on this host, reported with ratios.
 
     .venv/bin/python bench/checkpoint.py [--big-gb 3] [--n 20]
+    .venv/bin/python bench/checkpoint.py --backend microvm [--n 10]
 
 Rows: checkpoint p50/p95 (idle and after a 1 MB write) at ~300 MB and ~3 GB, each including the freeze
 of the sandbox's processes that makes it point-in-time; the freeze + thaw alone, idle and under a
@@ -8,6 +9,10 @@ process writing without pause; a checkpoint under that writer; the same state sa
 with `tar` of the rootfs and with `podman commit` of an equivalent image-based (overlay) container;
 branch to first command; command round trip via sprout-runtime vs `podman exec`; disk held by 100
 checkpoints each after a 1 MiB edit, as a fraction of the base size.
+
+With `--backend microvm`: the container backend and microVMs side by side (create or boot to first
+command, checkpoint disk only and disk + memory, branch to first command from a disk or a memory
+checkpoint, command round trip), against the published figures of Firecracker, Morph and E2B.
 """
 
 import argparse
@@ -20,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sprout.sandbox import Store, btrfs, runtime
+from sprout.sandbox.microvm.vmstore import VMStore
 from sprout.sandbox.podman import PODMAN
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,12 +104,99 @@ def commit_ms(fill_mb: int) -> float:
         subprocess.run([*PODMAN, "rm", "-f", "-t", "0", name], capture_output=True)
 
 
+def microvm_rows(store: Store, n: int, console: Console) -> list[tuple[str, str, str, str]]:
+    """The same steps on a container sandbox and on a microVM of the same image, in one run."""
+    vms, image = VMStore(store), store.resolve_image(IMAGE)
+    sandboxes, machines, vm_checkpoints = [], [], []
+    ms = lambda values: f"p50 {p(values, .5):,.0f} ms"  # noqa: E731
+    try:
+        console.print("create / boot to first command ...")
+        container_up, vm_up = [], []
+        for _ in range(3):
+            started = time.perf_counter()
+            sandboxes.append(store.create_sandbox(image))
+            sandboxes[-1].exec("true")
+            container_up.append((time.perf_counter() - started) * 1000)
+            started = time.perf_counter()
+            machines.append(vms.boot(image))
+            machines[-1].exec(["true"])
+            vm_up.append((time.perf_counter() - started) * 1000)
+        for extra in sandboxes[1:]:  # an idle emulated VM still takes CPU: keep one of each running
+            extra.destroy()
+        for extra in machines[1:]:
+            vms.destroy(extra)
+        sandboxes, machines = sandboxes[:1], machines[:1]
+        sandbox, vm = sandboxes[0], machines[0]
+        console.print("checkpoints ...")
+        container_ck, disk_ck, memory_ck = [], [], []
+        for i in range(n):  # apart from the VM's: they share the btrfs filesystem and its commits
+            sandbox.exec(f"head -c 1048576 /dev/urandom > /root/edit-{i}")
+            container_ck.append(sandbox.checkpoint().duration_ms)
+        for i in range(n):
+            vm.exec(["sh", "-c", f"head -c 1048576 /dev/urandom > /root/edit-{i}"])
+            disk_ck.append(timed(lambda: vm_checkpoints.append(vms.checkpoint(vm, memory=False))))
+            memory_ck.append(timed(lambda: vm_checkpoints.append(vms.checkpoint(vm, memory=True))))
+        memory_gb = vms.limits.memory_mb / 1024
+        console.print("branch to first command ...")
+        container_branch, disk_branch, memory_branch = [], [], []
+        base, disk_base, memory_base = sandbox.checkpoint(), vm_checkpoints[-2], vm_checkpoints[-1]
+        for i in range(n):
+            started = time.perf_counter()
+            branch = base.branch()
+            branch.exec("true")
+            container_branch.append((time.perf_counter() - started) * 1000)
+            branch.destroy()
+            for source, times in ((memory_base, memory_branch),) + (((disk_base, disk_branch),) if i < 3 else ()):
+                started = time.perf_counter()
+                machine = vms.branch(source)
+                machine.exec(["true"])
+                times.append((time.perf_counter() - started) * 1000)
+                vms.destroy(machine)
+        container_rt = [timed(lambda: sandbox.exec("true")) for _ in range(30)]
+        vm_rt = [timed(lambda: vm.exec(["true"])) for _ in range(30)]
+    finally:
+        for sandbox in sandboxes:
+            for checkpoint in store.checkpoints(sandbox.id):
+                store.remove_checkpoint(checkpoint.id, force=True)
+            sandbox.destroy()
+        for machine in machines:
+            vms.destroy(machine)
+        for checkpoint in vm_checkpoints:
+            vms.remove_checkpoint(checkpoint)
+    return [
+        ("create / boot -> first command", ms(container_up), ms(vm_up), "Firecracker boot ~125 ms (KVM)"),
+        ("checkpoint after 1 MB write, disk only", ms(container_ck), ms(disk_ck), "AgentENV disk-only snapshots"),
+        ("checkpoint, disk + memory", "no memory state", f"{ms(memory_ck)} "
+         f"({p(memory_ck, .5) / 1000 / memory_gb:.2f} s/GB of guest RAM)", "E2B pause ~4 s/GB"),
+        ("branch -> first command, disk checkpoint", ms(container_branch), ms(disk_branch) + " (boots)",
+         "Morph < 250 ms"),
+        ("branch -> first command, memory checkpoint", "n/a", ms(memory_branch) + " (resumes)",
+         "Firecracker resume < 8 ms target"),
+        ("`true` round trip", f"p50 {p(container_rt, .5):.1f} ms (sprout-runtime)",
+         f"p50 {p(vm_rt, .5):.1f} ms (agent)", ""),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--big-gb", type=float, default=3.0, help="extra data in the big sandbox (GB)")
     parser.add_argument("--n", type=int, default=20, help="checkpoints per measurement")
+    parser.add_argument("--backend", choices=["container", "microvm"], default="container",
+                        help="microvm: containers and microVMs side by side")
     args = parser.parse_args()
     console = Console()
+    if args.backend == "microvm":
+        from sprout.sandbox.microvm.vm import choose_accel
+        accel, why = choose_accel()
+        rows = microvm_rows(Store(runtime_bin=REPO / "runtime" / "sprout-runtime"), args.n, console)
+        table = Table("measurement", "container", f"microVM ({accel})", "anchor",
+                      title="Sprout backends side by side (one run)")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+        console.print(f"accelerator: {why}; percentiles over {args.n} checkpoints and branches "
+                      "(3 boots and disk branches)")
+        return
     fast = Store(runtime_bin=REPO / "runtime" / "sprout-runtime")
     slow = Store(fast.root, runtime_bin=None)
     rows: list[tuple[str, str, str]] = []

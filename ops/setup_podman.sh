@@ -14,7 +14,9 @@ STORE_SIZE="${SPROUT_STORE_SIZE:-40G}"
 VENV="$REPO/.venv"
 EXTRAS="mini,harbor,dev,runstore,proxy"  # proxy: the bundled LiteLLM proxy
 APT_PACKAGES=(podman btrfs-progs runc mmdebstrap uidmap containernetworking-plugins iptables catatonit
-              ca-certificates)
+              ca-certificates
+              # the microVM backend: QEMU, the guest's kernel and busybox, a compiler for its agent
+              qemu-system-x86 linux-image-amd64 busybox-static gcc libc6-dev e2fsprogs cpio)
 
 say() { printf '%-5s %s\n' "$1" "$2"; }
 die() { printf 'FAIL  %s\n' "$1" >&2; exit 1; }

@@ -32,7 +32,7 @@ class ExecResult:
     truncated: bool = False
 
 
-class _CappedReader:
+class CappedReader:
     """Keeps the head and the tail of a stream, dropping the middle past `limit` bytes."""
 
     def __init__(self, limit: int):
@@ -55,10 +55,10 @@ class _CappedReader:
         return (body + bytes(self.tail)).decode(errors="replace"), omitted > 0
 
 
-def _drain(proc: subprocess.Popen, limit: int, deadline: float | None) -> tuple[_CappedReader, bool]:
+def _drain(proc: subprocess.Popen, limit: int, deadline: float | None) -> tuple[CappedReader, bool]:
     """Reads the merged output until EOF, or until shortly after the process exits (a background
     job of the command may hold the pipe open forever); returns (reader, deadline_passed)."""
-    reader = _CappedReader(limit)
+    reader = CappedReader(limit)
     fd = proc.stdout.fileno()
     pidfd = os.pidfd_open(proc.pid)
     exited_at = None

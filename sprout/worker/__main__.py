@@ -11,7 +11,7 @@ from . import run as run_command
 
 
 def cmd_doctor(args) -> int:
-    checks = doctor.run_checks(args.store, args.runtime_bin)
+    checks = doctor.run_checks(args.store, args.runtime_bin, args.backend)
     if args.json:
         print(json.dumps(doctor.as_json(checks), indent=2))
     else:
@@ -27,6 +27,8 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("doctor", help="check this host: btrfs store, podman, rlimits, images, runtime, smoke test")
     s.add_argument("--store", type=Path, help="btrfs store (default: $SPROUT_STORE or ~/sprout-btrfs)")
     s.add_argument("--runtime-bin", type=Path, help=f"sprout-runtime to check (default {doctor.DEFAULT_RUNTIME})")
+    s.add_argument("--backend", choices=["container", "microvm"], default="container",
+                   help="microvm adds the accelerator (KVM, else TCG), QEMU, the guest kernel and a VM smoke test")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_doctor)
     run_command.add_parser(sub)

@@ -202,7 +202,8 @@ def _litellm_proxy() -> Check | None:
     return Check("llm proxy", True, f"{proxy.url} serves {proxy.model_name} ({proxy.provider_model})")
 
 
-def run_checks(store_root: Path | None = None, runtime_bin: Path | None = None) -> list[Check]:
+def run_checks(store_root: Path | None = None, runtime_bin: Path | None = None,
+               backend: str = "container") -> list[Check]:
     runtime_bin = runtime_bin or DEFAULT_RUNTIME
     checks = [_python(), _kernel_btrfs()]
     store_check, store = _store(store_root)
@@ -216,6 +217,9 @@ def run_checks(store_root: Path | None = None, runtime_bin: Path | None = None) 
             checks.append(_smoke(store, runtime_bin if os.access(runtime_bin, os.X_OK) else None))
         else:
             checks.append(Check("smoke test", False, "skipped: fix the failures above first"))
+    if backend == "microvm":
+        from .doctor_microvm import microvm_checks
+        checks += microvm_checks(store, ready=all(c.ok for c in checks))
     proxy = _litellm_proxy()
     return checks + ([proxy] if proxy else [])
 

@@ -60,3 +60,14 @@ def test_doctor_fails_clearly_when_the_store_is_missing(tmp_path):
     store_line = next(line for line in result.stdout.splitlines() if "store " in line)
     assert store_line.startswith("FAIL") and "no btrfs store" in store_line and "setup_podman.sh" in store_line
     assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_doctor_boots_a_microvm_when_asked_for_that_backend():
+    result = cli("sprout.worker", "doctor", "--backend", "microvm", "--json")
+    report = json.loads(result.stdout)
+    assert result.returncode == 0, result.stdout
+    checks = {c["name"]: c["detail"] for c in report["checks"]}
+    assert {"kvm", "qemu", "guest kernel", "microvm smoke"} <= checks.keys()
+    accel = checks["kvm"].split(":")[0]
+    assert accel in ("kvm", "tcg") and checks["microvm smoke"].startswith(f"{accel}: boot ")
+    assert "checkpoint" in checks["microvm smoke"] and "branch" in checks["microvm smoke"]

@@ -1,0 +1,275 @@
+/* sprout-agent: the guest side of Sprout's microVM backend.
+ *
+ * Runs as the guest's PID 1 after the initramfs has mounted the sandbox's disk at ROOT. It opens the
+ * virtio-serial port named "sprout.agent", enters ROOT (chroot) and serves one request at a time.
+ * Frames, both ways: 4-byte big-endian length, 1 type byte, payload.
+ *
+ *   host -> guest  'P' ping                        -> 'k'
+ *                  'R' run: NUL-separated fields     -> 'o' output chunks..., then 'x' "<code> <timed_out>"
+ *                      cwd, user, timeout_ms, env count, env "K=V"..., argv...
+ *                  'F' freeze the root filesystem   -> 'k'   (sync + FIFREEZE: the disk is consistent)
+ *                  'T' thaw it                      -> 'k'
+ *                  'I' identity: hostname, machine id, entropy bytes -> 'k'
+ *   guest -> host  'h' hello once at boot; '!' "<message>" when a request cannot be served.
+ *
+ * A command runs in its own session with stdout and stderr merged on one pipe and stdin /dev/null.
+ * On timeout its whole process group is killed. Processes it leaves in the background keep running
+ * (a server started in one turn answers in the next); as PID 1 the agent reaps what they orphan.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <grp.h>
+#include <linux/fs.h>
+#include <linux/random.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_FRAME (16 << 20)
+#define EXIT_GRACE_MS 100
+
+static int port = -1;
+static pid_t running = 0;
+static int running_status = -1;
+
+static void die(const char *what) {
+    fprintf(stderr, "sprout-agent: %s: %s\n", what, strerror(errno));
+    sleep(1);
+    exit(1);
+}
+
+static int write_all(int fd, const void *buf, size_t len) {
+    const char *p = buf;
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return -1;
+        p += n, len -= (size_t)n;
+    }
+    return 0;
+}
+
+static void send_frame(char type, const void *payload, uint32_t len) {
+    unsigned char head[5] = {len >> 24, len >> 16, len >> 8, len, (unsigned char)type};
+    if (write_all(port, head, 5) < 0 || write_all(port, payload, len) < 0)
+        fprintf(stderr, "sprout-agent: lost a frame to the host: %s\n", strerror(errno));
+}
+
+static void send_text(char type, const char *text) { send_frame(type, text, (uint32_t)strlen(text)); }
+
+/* Reads exactly len bytes; while the host is not connected the port reads as end-of-file. */
+static void read_full(void *buf, size_t len) {
+    char *p = buf;
+    while (len > 0) {
+        ssize_t n = read(port, p, len);
+        if (n > 0) { p += n, len -= (size_t)n; continue; }
+        if (n < 0 && errno != EINTR && errno != EAGAIN) die("read from the host");
+        usleep(20000);
+    }
+}
+
+static long long now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
+}
+
+static void reap(void) {
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
+        if (pid == running) running_status = status;
+}
+
+/* "name", "uid" or "uid:gid"; names are looked up in the sandbox's /etc/passwd. */
+static int resolve_user(const char *user, uid_t *uid, gid_t *gid) {
+    char *end;
+    unsigned long n = strtoul(user, &end, 10);
+    if (*user && (*end == '\0' || *end == ':')) {
+        *uid = (uid_t)n, *gid = *end == ':' ? (gid_t)strtoul(end + 1, NULL, 10) : (gid_t)n;
+        return 0;
+    }
+    FILE *f = fopen("/etc/passwd", "r");
+    char line[1024];
+    size_t len = strlen(user);
+    while (f && fgets(line, sizeof line, f)) {
+        if (strncmp(line, user, len) || line[len] != ':') continue;
+        char *fields[4] = {0};
+        char *save, *tok = strtok_r(line, ":", &save);
+        for (int i = 0; tok && i < 4; i++, tok = strtok_r(NULL, ":", &save)) fields[i] = tok;
+        if (!fields[3]) break;
+        *uid = (uid_t)strtoul(fields[2], NULL, 10), *gid = (gid_t)strtoul(fields[3], NULL, 10);
+        fclose(f);
+        return 0;
+    }
+    if (f) fclose(f);
+    return -1;
+}
+
+static void child(int out, char *cwd, uid_t uid, gid_t gid, char **env, char **argv) {
+    setsid();
+    int devnull = open("/dev/null", O_RDONLY);
+    dup2(devnull, 0), dup2(out, 1), dup2(out, 2);
+    signal(SIGPIPE, SIG_DFL);
+    if (setgroups(1, &gid) || setgid(gid) || setuid(uid)) {
+        dprintf(2, "sprout-agent: cannot become %u:%u: %s\n", uid, gid, strerror(errno));
+        _exit(126);
+    }
+    if (chdir(cwd)) {
+        dprintf(2, "sprout-agent: cannot enter %s: %s\n", cwd, strerror(errno));
+        _exit(126);
+    }
+    environ = env;
+    execvp(argv[0], argv);
+    dprintf(2, "sprout-agent: cannot run %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+}
+
+/* Streams the command's output until it exits (plus a short grace for buffered output: a background
+ * job may hold the pipe open forever) or its deadline passes; returns whether it timed out. */
+static int stream(int out, long long deadline) {
+    char buf[65536];
+    long long exited_at = -1;
+    for (;;) {
+        long long now = now_ms();
+        reap();
+        if (running_status >= 0 && exited_at < 0) exited_at = now;
+        if (exited_at >= 0 && now - exited_at > EXIT_GRACE_MS) return 0;
+        if (deadline > 0 && now >= deadline) return 1;
+        struct pollfd p = {out, POLLIN, 0};
+        if (poll(&p, 1, 20) <= 0) continue;
+        ssize_t n = read(out, buf, sizeof buf);
+        if (n > 0) send_frame('o', buf, (uint32_t)n);
+        else if (n == 0) {
+            while (running_status < 0 && (deadline <= 0 || now_ms() < deadline)) { usleep(5000); reap(); }
+            return running_status < 0;
+        }
+    }
+}
+
+static void run(char *payload, uint32_t len) {
+    char *fields[4096];
+    int count = 0;
+    for (char *p = payload; p < payload + len && count < 4095; p += strlen(p) + 1) fields[count++] = p;
+    fields[count] = NULL;
+    int envc = count >= 4 ? atoi(fields[3]) : -1;
+    if (envc < 0 || 4 + envc >= count) { send_text('!', "malformed run request"); return; }
+    uid_t uid;
+    gid_t gid;
+    if (resolve_user(fields[1], &uid, &gid)) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "unknown user %.200s in this sandbox", fields[1]);
+        send_text('!', msg);
+        return;
+    }
+    char **env = calloc((size_t)envc + 1, sizeof *env);
+    memcpy(env, fields + 4, (size_t)envc * sizeof *env);
+    int pipefd[2];
+    if (pipe2(pipefd, O_CLOEXEC)) { send_text('!', "pipe failed"); free(env); return; }
+    long long timeout = atoll(fields[2]), deadline = timeout > 0 ? now_ms() + timeout : 0;
+    running_status = -1;
+    running = fork();
+    if (running == 0) child(pipefd[1], fields[0], uid, gid, env, fields + 4 + envc);
+    close(pipefd[1]);
+    free(env);
+    int timed_out = running > 0 && stream(pipefd[0], deadline);
+    if (timed_out || running_status < 0) kill(-running, SIGKILL);
+    while (running > 0 && running_status < 0) { usleep(2000); reap(); }
+    close(pipefd[0]);
+    int st = running_status, code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    char result[64];
+    snprintf(result, sizeof result, "%d %d", running > 0 ? code : 127, timed_out);
+    running = 0;
+    send_text('x', result);
+}
+
+static void freeze(unsigned long request) {
+    sync();
+    int fd = open("/", O_RDONLY | O_DIRECTORY);
+    int ok = fd >= 0 && ioctl(fd, request, 0) == 0;
+    if (fd >= 0) close(fd);
+    /* thawing a filesystem that is not frozen fails with EINVAL: that is the state asked for */
+    if (ok || (request == FITHAW && errno == EINVAL)) send_text('k', "");
+    else send_text('!', request == FIFREEZE ? "freeze failed" : "thaw failed");
+}
+
+static void write_file(const char *path, const char *text) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0444);
+    if (fd >= 0) { write_all(fd, text, strlen(text)); write_all(fd, "\n", 1); close(fd); }
+}
+
+/* A branch of a memory image must not share its parent's identity or random state. */
+static void identity(char *payload, uint32_t len) {
+    char *hostname = payload, *machine_id = hostname + strlen(hostname) + 1;
+    char *seed = machine_id + strlen(machine_id) + 1;
+    if (seed > payload + len) { send_text('!', "malformed identity request"); return; }
+    int seed_len = (int)(payload + len - seed);
+    sethostname(hostname, strlen(hostname));
+    write_file("/etc/hostname", hostname);
+    write_file("/etc/machine-id", machine_id);
+    struct { struct rand_pool_info info; char bytes[256]; } pool;
+    pool.info.entropy_count = 8 * (seed_len > 256 ? 256 : seed_len);
+    pool.info.buf_size = pool.info.entropy_count / 8;
+    memcpy(pool.bytes, seed, (size_t)pool.info.buf_size);
+    int fd = open("/dev/urandom", O_WRONLY);
+    /* the credited bytes wait in the input pool until the next scheduled reseed (up to a minute
+     * away): reseed now, or the branch's random numbers go on repeating its siblings' */
+    int ok = fd >= 0 && ioctl(fd, RNDADDENTROPY, &pool) == 0 && ioctl(fd, RNDRESEEDCRNG) == 0;
+    if (fd >= 0) close(fd);
+    if (ok) send_text('k', "");
+    else send_text('!', "reseeding the random pool failed");
+}
+
+static void open_port(void) {
+    glob_t names;
+    if (glob("/sys/class/virtio-ports/*/name", 0, NULL, &names)) die("no virtio-serial ports");
+    for (size_t i = 0; i < names.gl_pathc && port < 0; i++) {
+        char name[64] = {0}, dev[128];
+        FILE *f = fopen(names.gl_pathv[i], "r");
+        if (!f) continue;
+        if (fgets(name, sizeof name, f) && !strncmp(name, "sprout.agent", 12)) {
+            const char *dir = names.gl_pathv[i] + strlen("/sys/class/virtio-ports/");
+            snprintf(dev, sizeof dev, "/dev/%.*s", (int)(strchr(dir, '/') - dir), dir);
+            port = open(dev, O_RDWR | O_CLOEXEC);
+        }
+        fclose(f);
+    }
+    globfree(&names);
+    if (port < 0) die("cannot open the sprout.agent port");
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) { fprintf(stderr, "usage: sprout-agent ROOT\n"); return 2; }
+    signal(SIGPIPE, SIG_IGN);
+    open_port();
+    if (chroot(argv[1]) || chdir("/")) die("cannot enter the sandbox's root");
+    send_text('h', "");
+    for (;;) {
+        unsigned char head[5];
+        read_full(head, 5);
+        uint32_t len = (uint32_t)head[0] << 24 | head[1] << 16 | head[2] << 8 | head[3];
+        if (len > MAX_FRAME) die("frame too large");
+        char *payload = malloc(len + 1);
+        read_full(payload, len);
+        payload[len] = '\0';
+        switch (head[4]) {
+            case 'P': send_text('k', ""); break;
+            case 'R': run(payload, len); break;
+            case 'F': freeze(FIFREEZE); break;
+            case 'T': freeze(FITHAW); break;
+            case 'I': identity(payload, len); break;
+            default: send_text('!', "unknown request");
+        }
+        free(payload);
+        reap();
+    }
+}

@@ -1,0 +1,135 @@
+"""The guest a microVM boots: Debian's kernel, an initramfs that mounts the sandbox's disk and starts
+the agent (sprout-agent, compiled here from agent.c), and the disk itself (an image's rootfs as an
+ext4 file on the btrfs store, copied O(1) per sandbox with a reflink).
+
+The kit (kernel + initramfs) is built once per kernel and agent source, in `<store>/microvm/kits/`.
+"""
+
+import gzip
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import StoreError
+
+AGENT_SOURCE = Path(__file__).with_name("agent.c")
+BUSYBOX = Path("/usr/bin/busybox")
+GUEST_ROOT = "/newroot"
+# Loaded in this order: each needs the ones before it (Debian builds them as modules).
+MODULES = ["virtio_ring", "virtio", "virtio_mmio", "virtio_blk", "virtio_console",
+           "crc16", "mbcache", "jbd2", "crc32c_generic", "ext4"]
+DISK_HEADROOM_BYTES = 1 << 30  # free space a new sandbox's disk gets beyond its image's files
+
+INIT_SCRIPT = f"""#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc && mount -t sysfs sys /sys && mount -t devtmpfs dev /dev
+fail() {{ echo "sprout-init: $*"; poweroff -f; }}
+for module in {" ".join(MODULES)}; do insmod /modules/$module.ko || fail "cannot load $module"; done
+ip link set lo up || fail "cannot bring up the loopback interface"
+mount -t ext4 -o rw /dev/vda {GUEST_ROOT} || fail "cannot mount the sandbox's disk"
+for dir in proc sys dev tmp; do mkdir -p {GUEST_ROOT}/$dir; done
+mount -t proc proc {GUEST_ROOT}/proc && mount -t sysfs sys {GUEST_ROOT}/sys
+mount -t devtmpfs dev {GUEST_ROOT}/dev && mkdir -p {GUEST_ROOT}/dev/pts {GUEST_ROOT}/dev/shm
+mount -t devpts devpts {GUEST_ROOT}/dev/pts && mount -t tmpfs shm {GUEST_ROOT}/dev/shm
+exec /sprout-agent {GUEST_ROOT}
+"""
+
+
+class GuestError(StoreError):
+    """The guest cannot be built: a missing kernel, busybox or compiler."""
+
+
+@dataclass(frozen=True)
+class GuestKit:
+    kernel: Path
+    initrd: Path
+
+
+def guest_kernel() -> tuple[Path, Path]:
+    """(vmlinuz, its modules directory) of the newest Debian kernel package installed."""
+    kernels = sorted(Path("/boot").glob("vmlinuz-*"), key=lambda p: p.stat().st_mtime)
+    for kernel in reversed(kernels):
+        modules = Path("/lib/modules") / kernel.name.removeprefix("vmlinuz-")
+        if modules.is_dir():
+            return kernel, modules
+    raise GuestError("no guest kernel: install Debian's linux-image-amd64 (ops/setup_podman.sh does)")
+
+
+def guest_kit(store_root: Path) -> GuestKit:
+    """The kernel and initramfs for this host's kernel package and agent source, built if missing."""
+    kernel, modules = guest_kernel()
+    if not BUSYBOX.exists():
+        raise GuestError("no static busybox: install Debian's busybox-static (ops/setup_podman.sh does)")
+    digest = hashlib.sha256()
+    for part in (kernel.name.encode(), AGENT_SOURCE.read_bytes(), INIT_SCRIPT.encode(), BUSYBOX.read_bytes()):
+        digest.update(hashlib.sha256(part).digest())
+    kit_dir = store_root / "microvm" / "kits" / digest.hexdigest()[:16]
+    kit = GuestKit(kernel=kit_dir / "vmlinuz", initrd=kit_dir / "initrd.img")
+    if not kit.initrd.exists():
+        _build_kit(kit_dir, kernel, modules)
+    return kit
+
+
+def _build_kit(kit_dir: Path, kernel: Path, modules: Path) -> None:
+    kit_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=kit_dir.parent) as work:
+        tree = Path(work) / "initramfs"
+        for sub in ("bin", "proc", "sys", "dev", "modules", GUEST_ROOT.lstrip("/")):
+            (tree / sub).mkdir(parents=True)
+        shutil.copy2(BUSYBOX, tree / "bin" / "busybox")
+        for module in MODULES:
+            found = next(modules.rglob(f"{module}.ko"), None)
+            if found is None:
+                raise GuestError(f"the guest kernel's module {module}.ko is missing under {modules}")
+            shutil.copy2(found, tree / "modules" / found.name)
+        (tree / "init").write_text(INIT_SCRIPT)
+        (tree / "init").chmod(0o755)
+        _compile_agent(tree / "sprout-agent")
+        staged = Path(work) / "kit"
+        staged.mkdir()
+        shutil.copy2(kernel, staged / "vmlinuz")
+        archive = subprocess.run("find . | LC_ALL=C sort | cpio -o -H newc --quiet", shell=True, cwd=tree,
+                                 capture_output=True, check=True).stdout
+        (staged / "initrd.img").write_bytes(gzip.compress(archive, compresslevel=1))
+        try:
+            staged.rename(kit_dir)
+        except OSError:  # another process built the same kit meanwhile
+            if not (kit_dir / "initrd.img").exists():
+                raise
+
+
+def _compile_agent(dest: Path) -> None:
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        raise GuestError("no C compiler to build the guest agent: install gcc and libc6-dev")
+    result = subprocess.run([compiler, "-static", "-O2", "-Wall", "-o", str(dest), str(AGENT_SOURCE)],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        raise GuestError(f"building the guest agent failed:\n{result.stderr.strip()}")
+
+
+def make_disk(rootfs: Path, dest: Path) -> None:
+    """Writes `rootfs` (a directory) as a sparse ext4 file with room to grow; owners, modes and
+    links are kept. Done once per image: sandboxes get reflinks of it (`clone_file`)."""
+    used = int(subprocess.run(["du", "-sb", str(rootfs)], capture_output=True, text=True,
+                              check=True).stdout.split()[0])
+    size_mb = (used * 3 // 2 + DISK_HEADROOM_BYTES) >> 20
+    partial = dest.with_name(dest.name + ".partial")
+    result = subprocess.run(["mkfs.ext4", "-q", "-F", "-L", "sprout", "-d", str(rootfs), str(partial),
+                             f"{size_mb}M"], capture_output=True, text=True)
+    if result.returncode != 0:
+        partial.unlink(missing_ok=True)
+        raise GuestError(f"writing {rootfs} as a disk failed: {result.stderr.strip()}")
+    os.replace(partial, dest)
+
+
+def clone_file(source: Path, dest: Path) -> None:
+    """An O(1) copy-on-write copy (a reflink on btrfs); refuses to fall back to copying the bytes."""
+    result = subprocess.run(["cp", "--reflink=always", str(source), str(dest)],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        raise StoreError(f"cannot reflink {source} to {dest}: {result.stderr.strip()}")
