@@ -44,13 +44,23 @@ def removing_what_is_made(store: Store) -> Iterator[Store]:
                 store.remove_checkpoint(checkpoint.id, force=True)
 
 
+# For what every backend must do alike: the store fixture with containers and with microVMs.
+every_backend = pytest.mark.parametrize("store", ["runtime", "podman-exec", "microvm"], indirect=True)
+
+
+def _store_for(kind: str, base_store: Store) -> Store:
+    assert RUNTIME_BIN.exists(), "run ops/setup_podman.sh first (it writes runtime/sprout-runtime)"
+    if kind == "microvm":
+        return Store(base_store.root, backend="microvm")
+    return Store(base_store.root, runtime_bin=RUNTIME_BIN if kind == "runtime" else None)
+
+
 @pytest.fixture(params=["runtime", "podman-exec"])
 def store(request, base_store: Store):
-    """The store, once with commands through sprout-runtime and once through `podman exec`;
-    every sandbox and checkpoint a test makes is removed afterwards."""
-    assert RUNTIME_BIN.exists(), "run ops/setup_podman.sh first (it writes runtime/sprout-runtime)"
-    with removing_what_is_made(Store(base_store.root, runtime_bin=RUNTIME_BIN if request.param == "runtime"
-                                     else None)) as st:
+    """The store, once with commands through sprout-runtime and once through `podman exec` (and, in
+    tests marked `every_backend`, once more with microVMs); every sandbox and checkpoint a test makes
+    is removed afterwards."""
+    with removing_what_is_made(_store_for(request.param, base_store)) as st:
         yield st
 
 

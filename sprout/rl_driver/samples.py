@@ -266,7 +266,7 @@ def touched_test_paths(store: Store, task_dir: Path | None, checkpoint_id: str |
     if checkpoint_id is None or task_dir is None:
         return None
     try:
-        root = store.checkpoint(checkpoint_id).path
+        root = store.checkpoint(checkpoint_id).rootfs
     except CheckpointNotFound:
         return None
     tests = load_task(task_dir).paths.tests_dir

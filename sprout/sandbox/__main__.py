@@ -49,7 +49,7 @@ def cmd_create(args) -> int:
     store = _store(args)
     sandbox = store.create_sandbox(args.image, memory=args.memory, pids=args.pids, cpus=args.cpus,
                                    network=False if args.no_network else None, label=args.label,
-                                   host_trust=False if args.no_host_trust else None)
+                                   host_trust=False if args.no_host_trust else None, backend=args.backend)
     console.print(sandbox.id)
     return 0
 
@@ -67,7 +67,7 @@ def cmd_exec(args) -> int:
 
 
 def cmd_checkpoint(args) -> int:
-    checkpoint = _store(args).sandbox(args.sandbox).checkpoint(label=args.label)
+    checkpoint = _store(args).sandbox(args.sandbox).checkpoint(label=args.label, memory=args.memory)
     console.print(f"{checkpoint.id}  ({checkpoint.duration_ms:.1f} ms)")
     return 0
 
@@ -110,7 +110,7 @@ def cmd_inspect(args) -> int:
                                  "branches": [b.id for b in store.branches_of(cp.id)]})
     else:
         sb = store.sandbox(args.id)
-        console.print_json(data={"id": sb.id, "state": sb.state, "image": sb.image_key,
+        console.print_json(data={"id": sb.id, "backend": sb.backend, "state": sb.state, "image": sb.image_key,
                                  "container": sb.container, "base_checkpoint": sb.base_checkpoint,
                                  "last_checkpoint": sb.last_checkpoint, "limits": sb.limits,
                                  "path": str(sb.path), "exec_profile": str(sb.profile_path),
@@ -168,6 +168,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--no-host-trust", action="store_true",
                    help="neither the host's CA bundle nor its proxy variables (default: $SPROUT_HOST_TRUST)")
     s.add_argument("--label")
+    s.add_argument("--backend", choices=["container", "microvm"], default="container",
+                   help="container (podman) or microvm (a QEMU VM of the image: its own kernel, and "
+                        "checkpoints that can save its memory; no network yet)")
     s.set_defaults(func=cmd_create)
 
     s = sub.add_parser("exec", help="run a command in a sandbox; exit status is the command's")
@@ -181,6 +184,8 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("checkpoint", help="read-only snapshot of a sandbox")
     s.add_argument("sandbox")
     s.add_argument("--label")
+    s.add_argument("--memory", action="store_true",
+                   help="microVMs: save the memory too, so branches resume its running processes")
     s.set_defaults(func=cmd_checkpoint)
 
     s = sub.add_parser("branch", help="new running sandbox from a checkpoint")

@@ -1,10 +1,13 @@
-"""The sandbox store: images, sandboxes and checkpoints as btrfs subvolumes, run with stock podman.
+"""The sandbox store: images, sandboxes and checkpoints as btrfs subvolumes, run with stock podman
+(the container backend) or as QEMU microVMs (the microvm backend: sprout/sandbox/microvm/backend.py).
 
 Layout of a store (a btrfs filesystem, by default ~/sprout-btrfs, a loop file when the host has none):
     images/<key>        read-only subvolume: an image's unpacked rootfs
     sandboxes/<id>      writable snapshot of an image or a checkpoint, the rootfs of a container
+                        (of a microVM: a subvolume holding its disk.img)
     checkpoints/<id>    read-only snapshot of a sandbox
-    state/sprout.db     metadata (SQLite);  state/sandboxes/<id>/  exec profiles
+    state/sprout.db     metadata (SQLite);  state/sandboxes/<id>/  exec profiles, a VM's sockets
+    microvm/            the guest kit and the images' disk files
     cache/              bootstrap tarballs
 """
 
@@ -32,6 +35,8 @@ from .errors import (
 )
 from .execution import DEFAULT_MAX_OUTPUT, ExecResult
 from .metadata import Metadata
+from .microvm import backend as microvm
+from .microvm.vm import MicroVM
 from .podman import ImageConfig
 
 CONTAINER_PREFIX = "sprout-"
@@ -39,6 +44,7 @@ LABEL = "sprout.sandbox"
 STORE_LABEL = "sprout.store"  # several stores may share one podman
 DEFAULT_LIMITS = {"memory": "4g", "pids": 4096, "cpus": None, "network": True}
 DEFAULT_SHELL = ("bash", "-c")
+BACKENDS = ("container", "microvm")
 
 
 def default_root() -> Path:
@@ -84,6 +90,11 @@ class Checkpoint:
         return self.store.root / "checkpoints" / self.id
 
     @property
+    def rootfs(self) -> Path:
+        """The checkpoint's files as a directory (a container's; a microVM's are inside its disk)."""
+        return _rootfs_of(self.path, self.limits, f"checkpoint {self.id}")
+
+    @property
     def exists(self) -> bool:
         return btrfs.is_subvolume(self.path)
 
@@ -112,6 +123,11 @@ class Sandbox:
         return self.store.root / "sandboxes" / self.id
 
     @property
+    def rootfs(self) -> Path:
+        """The sandbox's files as a directory (a container's; a microVM's are inside its disk)."""
+        return _rootfs_of(self.path, self.limits, f"sandbox {self.id}")
+
+    @property
     def profile_path(self) -> Path:
         return self.store.root / "state" / "sandboxes" / self.id / "profile.bin"
 
@@ -119,7 +135,16 @@ class Sandbox:
     def image(self) -> Image:
         return self.store.image(self.image_key)
 
+    @property
+    def backend(self) -> str:
+        return self.limits.get("backend", "container")
+
+    def _vm(self) -> MicroVM | None:
+        return MicroVM.attach(self.profile_path.parent) if self.backend == "microvm" else None
+
     def _profile(self) -> dict | None:
+        if self.backend == "microvm":
+            return None
         try:
             profile = marshal.loads(self.profile_path.read_bytes())
             if confinement.proc_starttime(profile["init_pid"]) == profile["init_starttime"]:
@@ -130,7 +155,7 @@ class Sandbox:
 
     @property
     def running(self) -> bool:
-        return self._profile() is not None
+        return (self._vm() if self.backend == "microvm" else self._profile()) is not None
 
     @property
     def state(self) -> str:
@@ -153,6 +178,8 @@ class Sandbox:
         commands, running ones too, see the change at once. Asking for what already is, is a no-op.
         Remembered in the sandbox's limits (`network_connected`), which its checkpoints keep: a restart
         and a branch come back as it was last switched (an agent phase without network stays so)."""
+        if self.backend == "microvm":
+            raise SandboxStateError(f"sandbox {self.id} is a microVM, and microVMs have no network yet")
         if enabled and not self.limits.get("network", True):
             raise SandboxStateError(f"sandbox {self.id} was created without network (network=False); "
                                     "it cannot be connected")
@@ -173,14 +200,18 @@ class Sandbox:
              max_output: int = DEFAULT_MAX_OUTPUT) -> ExecResult:
         """Runs a command (a string goes to `bash -c`) in a fresh process inside the sandbox, as the
         image's user unless `user` (a name or uid, optionally `:group`) says otherwise."""
-        profile = self._profile()
-        if profile is None:
+        profile, vm = self._profile(), self._vm()
+        if profile is None and vm is None:
             raise SandboxStateError(f"sandbox {self.id} is not running (start it: "
                                     f"python -m sprout.sandbox start {self.id})")
         argv = [*DEFAULT_SHELL, command] if isinstance(command, str) else list(command)
         config = self.image.config
         cwd = cwd or config.workdir or "/"
         env = dict(env or {})
+        if vm is not None:
+            return vm.exec(argv, cwd=cwd, env=config.env | self.limits.get("env", {}) | env,
+                           user=str(user if user is not None else config.user or "0"), timeout=timeout,
+                           max_output=max_output)
         if self.store.runtime_bin is not None:
             identity = users.resolve(self.path, user) if user is not None else None
             return execution.run_via_runtime(self.store.runtime_bin, self.profile_path, argv, cwd, env,
@@ -198,13 +229,21 @@ class Sandbox:
         profile = self._profile()
         return runtime.kill_new_processes(profile, before) if profile else 0
 
-    def checkpoint(self, label: str | None = None) -> Checkpoint:
+    def checkpoint(self, label: str | None = None, *, memory: bool = False) -> Checkpoint:
         """A point-in-time, read-only snapshot of the sandbox's filesystem: its processes are frozen
-        (cgroup freezer) while the filesystem is flushed and snapshotted, so no write lands half-way."""
+        (cgroup freezer; a microVM's filesystem is frozen by its kernel) while the filesystem is
+        flushed and snapshotted, so no write lands half-way. `memory` (microVMs only) saves the VM's
+        memory too: its branches resume the processes it was running."""
+        if memory and self.backend != "microvm":
+            raise SandboxStateError(f"sandbox {self.id} is a container: only microVMs save their memory")
         checkpoint_id = _new_id("ck")
         with self.store.building():
             started = time.perf_counter()
-            self._snapshot_frozen(self.store.root / "checkpoints" / checkpoint_id)
+            dest = self.store.root / "checkpoints" / checkpoint_id
+            if self.backend == "microvm":
+                microvm.snapshot(self._vm(), self.path, dest, memory=memory)
+            else:
+                self._snapshot_frozen(dest)
             duration_ms = (time.perf_counter() - started) * 1000
             parent = self.last_checkpoint or self.base_checkpoint
             created = time.time()
@@ -226,10 +265,17 @@ class Sandbox:
         """(Re)starts the sandbox's container on its subvolume, e.g. after a host restart."""
         if self.running:
             return
+        if self.backend == "microvm":  # its disk boots; the memory of a resumed branch is gone
+            self.store._start_vm(self)
+            return
         podman.remove_container(self.container)  # podman's record may be stale after a reboot
         self.store._start_container(self)
 
     def stop(self) -> None:
+        if self.backend == "microvm":
+            if (vm := self._vm()) is not None:
+                vm.kill()
+            return
         podman.remove_container(self.container)
         self.profile_path.unlink(missing_ok=True)
 
@@ -243,7 +289,11 @@ class Store:
     and their checkpoints carry it, with this process, until `adopt` takes the checkpoints over; when the
     process is gone, gc (and a worker's start) reaps what it left. Without an owner, nothing is reaped."""
 
-    def __init__(self, root: Path | None = None, runtime_bin: Path | None = None, owner: dict | None = None):
+    def __init__(self, root: Path | None = None, runtime_bin: Path | None = None, owner: dict | None = None,
+                 backend: str = "container"):
+        if backend not in BACKENDS:
+            raise StoreError(f"unknown backend {backend!r}: use {' or '.join(BACKENDS)}")
+        self.backend = backend  # of the sandboxes made from images; a branch keeps its checkpoint's
         self.root = Path(root or default_root()).expanduser().absolute()
         self.runtime_bin = runtime_bin if runtime_bin is not None else default_runtime_bin()
         self.owner = None if owner is None else {**owner, "host": socket.gethostname(), "pid": os.getpid(),
@@ -328,20 +378,26 @@ class Store:
     def create_sandbox(self, image: Image | str, *, memory: str | None = None, pids: int | None = None,
                        cpus: float | None = None, network: bool | None = None, label: str | None = None,
                        from_checkpoint: Checkpoint | None = None, host_trust: bool | None = None,
-                       env: dict[str, str] | None = None) -> Sandbox:
-        """A writable snapshot of the image (or of a checkpoint), started as a podman container.
-        Unset limits come from the checkpoint's sandbox, else the defaults; `host_trust` (the host's CA
-        bundle and proxy variables, sprout/sandbox/trust.py) defaults to SPROUT_HOST_TRUST; `env` is set
-        in the container over the image's (a task's [environment.env]), kept by branches."""
+                       env: dict[str, str] | None = None, backend: str | None = None) -> Sandbox:
+        """A writable snapshot of the image (or of a checkpoint), started as a podman container or, with
+        the microvm backend (`backend`, else the store's; a branch keeps its checkpoint's), booted as a
+        VM. Unset limits come from the checkpoint's sandbox, else the defaults; `host_trust` (the host's
+        CA bundle and proxy variables, sprout/sandbox/trust.py) defaults to SPROUT_HOST_TRUST; `env` is
+        set in the container over the image's (a task's [environment.env]), kept by branches."""
         if isinstance(image, str):
             image = self.resolve_image(image)
         inherited = from_checkpoint.limits if from_checkpoint else DEFAULT_LIMITS
+        kind = _backend_of(from_checkpoint, backend or self.backend)
+        if kind == "microvm" and network:
+            raise StoreError("microVMs have no network yet: create it without network, or as a container")
         asked = {"memory": memory, "pids": pids, "cpus": cpus, "network": network, "host_trust": host_trust,
                  "env": env or None}
         limits = inherited | {k: v for k, v in asked.items() if v is not None}
         limits.setdefault("host_trust", trust.enabled_by_config())
         if network is not None:  # asked for explicitly: not as the checkpoint's sandbox was last switched
             limits.pop("network_connected", None)
+        if kind == "microvm":
+            limits |= {"backend": "microvm", "network": False}
         sandbox_id = _new_id("sb")
         source = from_checkpoint.path if from_checkpoint else image.path
         if not btrfs.is_subvolume(source):
@@ -350,11 +406,14 @@ class Store:
         sandbox = Sandbox(self, sandbox_id, image.key, from_checkpoint.id if from_checkpoint else None, None,
                           CONTAINER_PREFIX + sandbox_id, limits, label, time.time())
         with self.building():
-            btrfs.snapshot(source, sandbox.path, readonly=False)
+            if kind == "microvm" and from_checkpoint is None:
+                microvm.create_subvolume(self.root, image.key, image.path, sandbox.path)
+            else:
+                btrfs.snapshot(source, sandbox.path, readonly=False)
             try:
-                self._start_container(sandbox)
+                self._start_vm(sandbox) if kind == "microvm" else self._start_container(sandbox)
             except BaseException:
-                podman.remove_container(sandbox.container)
+                sandbox.stop()
                 btrfs.delete(sandbox.path)
                 raise
             self.meta.put_sandbox(sandbox_id, image.key, sandbox.base_checkpoint, sandbox.container, limits, label,
@@ -378,6 +437,9 @@ class Store:
         sandbox.profile_path.parent.mkdir(parents=True, exist_ok=True)
         lock = sandbox.profile_path.parent / "freeze.lock"  # serializes freezes (runtime.frozen)
         confinement.write(confinement.capture(container_id) | {"freeze_lock": str(lock)}, sandbox.profile_path)
+
+    def _start_vm(self, sandbox: Sandbox) -> None:
+        microvm.start(self.root, sandbox.path, sandbox.profile_path.parent, sandbox.limits, sandbox.id)
 
     def sandbox(self, sandbox_id: str) -> Sandbox:
         row = self.meta.one("SELECT * FROM sandboxes WHERE id = ?", sandbox_id)
@@ -478,6 +540,11 @@ class Store:
             "checkpoints": {row["id"] for row in self.meta.all("SELECT id FROM checkpoints")},
             "images": {row["key"] for row in self.meta.all("SELECT key FROM images")},
         }
+        for run_dir in sorted((self.root / "state" / "sandboxes").iterdir()):
+            if run_dir.name not in known["sandboxes"] and (vm := MicroVM.attach(run_dir)) is not None:
+                removed.append(f"orphan microVM of {run_dir.name}")
+                if not dry_run:
+                    vm.kill()
         for kind, ids in known.items():
             singular = kind.removesuffix("es") if kind == "sandboxes" else kind[:-1]
             for path in sorted((self.root / kind).iterdir()):
@@ -521,6 +588,22 @@ class Store:
                 if not dry_run:
                     self.remove_image(image.key)
         return removed
+
+
+def _rootfs_of(path: Path, limits: dict, what: str) -> Path:
+    if limits.get("backend") == "microvm":
+        raise SandboxStateError(f"{what} is a microVM: its files are inside its disk, and reading or "
+                                "writing them from the host (task files, grading) is not supported yet")
+    return path
+
+
+def _backend_of(checkpoint: Checkpoint | None, asked: str) -> str:
+    """The backend of a new sandbox: a branch's is its checkpoint's, whatever the store's default."""
+    if asked not in BACKENDS:
+        raise StoreError(f"unknown backend {asked!r}: use {' or '.join(BACKENDS)}")
+    if checkpoint is None:
+        return asked
+    return checkpoint.limits.get("backend", "container")
 
 
 def _owner_alive(owner: dict) -> bool:

@@ -7,14 +7,14 @@ import time
 from ..sandbox import Store
 from ..sandbox.errors import SproutError
 from ..sandbox.images import RECIPES
+from ..sandbox.microvm.backend import accelerator
 from ..sandbox.microvm.guest import guest_kernel
-from ..sandbox.microvm.vm import QEMU, choose_accel
-from ..sandbox.microvm.vmstore import VMStore
+from ..sandbox.microvm.vm import QEMU
 from .doctor import Check
 
 
 def _accelerator() -> Check:
-    accel, why = choose_accel()
+    accel, why = accelerator()
     return Check("kvm", True, f"{accel}: {why}" + ("" if accel == "kvm" else
                                                       " (boots and commands run several times slower)"))
 
@@ -36,7 +36,7 @@ def _kernel() -> Check:
 
 def _smoke(store: Store) -> Check:
     """Boots a VM, runs a command, checkpoints it with its memory, resumes a branch; each step timed."""
-    vms, timings, machines, checkpoint = VMStore(store), {}, [], None
+    timings, sandboxes, checkpoint = {}, [], None
 
     def timed(name, fn):
         started = time.perf_counter()
@@ -45,25 +45,27 @@ def _smoke(store: Store) -> Check:
         return value
 
     try:
-        vm = timed("boot", lambda: vms.boot(store.image(RECIPES[-1].tags[0])))
-        machines.append(vm)
-        result = timed("exec", lambda: vm.exec(["sh", "-c", "echo sprout > /tmp/doctor && cat /tmp/doctor"]))
+        image = store.image(RECIPES[-1].tags[0])
+        vm = timed("boot", lambda: store.create_sandbox(image, backend="microvm", memory="512m", label="doctor"))
+        sandboxes.append(vm)
+        result = timed("exec", lambda: vm.exec("echo sprout > /tmp/doctor && cat /tmp/doctor"))
         if result.output.strip() != "sprout":
             return Check("microvm smoke", False, f"exec gave exit {result.exit_code}: {result.output[:200]}")
-        checkpoint = timed("checkpoint", lambda: vms.checkpoint(vm, memory=True))
-        branch = timed("branch", lambda: vms.branch(checkpoint))
-        machines.append(branch)
-        seen = branch.exec(["cat", "/tmp/doctor"]).output.strip()
+        checkpoint = timed("checkpoint", lambda: vm.checkpoint(label="doctor", memory=True))
+        branch = timed("branch", checkpoint.branch)
+        sandboxes.append(branch)
+        seen = branch.exec("cat /tmp/doctor").output.strip()
         if seen != "sprout":
             return Check("microvm smoke", False, f"the branch does not see the checkpoint's file (got {seen!r})")
     except SproutError as e:
         return Check("microvm smoke", False, str(e))
     finally:
-        for machine in machines:
-            vms.destroy(machine)
+        for sandbox in sandboxes:
+            sandbox.destroy()
         if checkpoint is not None:
-            vms.remove_checkpoint(checkpoint)
-    return Check("microvm smoke", True, f"{vm.accel}: " + ", ".join(f"{k} {v:.0f} ms" for k, v in timings.items()))
+            store.remove_checkpoint(checkpoint.id, force=True)
+    accel = accelerator()[0]
+    return Check("microvm smoke", True, f"{accel}: " + ", ".join(f"{k} {v:.0f} ms" for k, v in timings.items()))
 
 
 def microvm_checks(store: Store | None, ready: bool) -> list[Check]:

@@ -28,6 +28,9 @@ def add_parser(sub) -> None:
     s.add_argument("--runtime-bin", type=Path, help="run commands through this sprout-runtime "
                    "(default: $SPROUT_RUNTIME_BIN, else podman exec)")
     s.add_argument("--sandbox-image", default=defaults.IMAGE, help=f"image of the sandbox (default {defaults.IMAGE})")
+    s.add_argument("--backend", choices=["container", "microvm"], default="container",
+                   help="the sandbox: a podman container, or a QEMU microVM (its own kernel; no network yet); "
+                        "a branch (--from) keeps its checkpoint's")
     s.add_argument("--cwd", default="/tmp", help="directory the agent's commands start in (default /tmp)")
     s.add_argument("--journal", type=Path, required=True, help="journal to write (JSONL; must not exist)")
     s.add_argument("--store", type=Path, help="btrfs store (default: $SPROUT_STORE or ~/sprout-btrfs)")
@@ -68,7 +71,7 @@ def cmd_run(args) -> int:
     if args.from_journal is not None:
         read_journal(args.from_journal)  # a directory or a binary file: one error line before any sandbox work
     endpoint = Endpoint.resolve(args.model_endpoint, args.model_key_env)
-    store = Store(args.store, runtime_bin=args.runtime_bin)
+    store = Store(args.store, runtime_bin=args.runtime_bin, backend=args.backend)
     spec = RolloutSpec(task=args.task or "", model=args.model, endpoint=endpoint, journal=args.journal,
                        image=args.sandbox_image, cwd=args.cwd, model_class=args.model_class,
                        step_limit=args.step_limit, token_limit=args.token_limit, wall_time_s=args.wall_time_limit,

@@ -91,14 +91,18 @@ def test_fizzbuzz_run_journal_checkpoints_and_reports(tmp_path, cleanup_journals
     assert report("export", str(journal)).stdout == markdown
 
 
-def test_resume_from_turn_1_restores_sandbox_and_messages(tmp_path, cleanup_journals):
+@pytest.mark.parametrize("backend", ["container", "microvm"])
+def test_resume_from_turn_1_restores_sandbox_and_messages(tmp_path, cleanup_journals, backend):
     journal, branch = tmp_path / "three.jsonl", tmp_path / "branch.jsonl"
     cleanup_journals += [journal, branch]
     three = [{"thought": "a", "command": "echo one > /tmp/one"}, {"thought": "b", "command": "echo two > /tmp/two"},
-             {"thought": "c", "command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}]
+             {"thought": "c", "command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; uname -r"}]
     with ScriptedModelServer(three) as server:
-        assert worker_run(server.base_url, journal, task="make files").returncode == 0
+        first = worker_run(server.base_url, journal, "--backend", backend, task="make files")
+        assert first.returncode == 0, first.stdout + first.stderr
     parent = read_journal(journal)
+    assert Store().checkpoint(parent.turns[0].checkpoint).limits.get("backend", "container") == backend
+    assert (os.uname().release in parent.turns[-1].observation) == (backend == "container")
     resumed = [{"thought": "look", "command": "ls /tmp"}, {"thought": "done", "command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}]
     with ScriptedModelServer(resumed) as server:
         result = worker_run(server.base_url, branch, "--from", str(journal), "--turn", "1", "--note", "skip two",

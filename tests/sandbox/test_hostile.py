@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sprout.sandbox import SandboxStateError, Store, btrfs
-from tests.conftest import PYTHON_IMAGE, RUNTIME_BIN, removing_what_is_made
+from tests.conftest import PYTHON_IMAGE, RUNTIME_BIN, every_backend, removing_what_is_made
 
 SUBVOL_CREATE = 0x5000940E  # BTRFS_IOC_SUBVOL_CREATE: a default container (no CAP_SYS_ADMIN) may call it
 
@@ -111,6 +111,7 @@ def test_a_fifo_as_etc_passwd_blocks_nothing_on_the_host(rt_store):
     assert not any(s.base_checkpoint == checkpoint.id for s in rt_store.sandboxes())
 
 
+@every_backend
 def test_timeout_kills_what_escaped_the_session_and_the_environment(store):
     sb = store.create_sandbox(PYTHON_IMAGE)
     sb.exec("nohup sleep 999 >/dev/null 2>&1 &")  # started before: must survive

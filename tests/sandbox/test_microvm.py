@@ -1,25 +1,123 @@
-"""The microVM backend's engine: real QEMU microVMs (KVM where it runs Debian's kernel, else TCG) booted
-from a store image, with commands over the guest agent and disk / memory checkpoints on the btrfs store."""
+"""MicroVM sandboxes through the store's own API: real QEMU microVMs (KVM where it runs Debian's kernel,
+else TCG) booted from a store image, commands over the guest agent, checkpoints of the disk alone and
+of disk + memory as store checkpoints, branches that boot or resume them."""
 
 import hashlib
+import os
+import signal
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from sprout.sandbox import Store
+from sprout.sandbox import Sandbox, SandboxStateError, Store, StoreError
 from sprout.sandbox.microvm import vm as vm_module
+from sprout.sandbox.microvm.backend import DISK_FILE, MEMORY_FILE
 from sprout.sandbox.microvm.vm import MicroVM, VMError
-from sprout.sandbox.microvm.vmstore import VMStore
-from tests.conftest import PYTHON_IMAGE
+from tests.conftest import PYTHON_IMAGE, removing_what_is_made
 
-SERVER = ("cd /srv && echo served-from-turn-2 > index.html && "
+SERVER = ("mkdir -p /srv && cd /srv && echo served-from-turn-2 > index.html && "
           "nohup python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 & sleep 1")
-FETCH = "python3 -c \"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/').read().decode(), end='')\""
+FETCH = ("python3 -c \"import urllib.request; "
+         "print(urllib.request.urlopen('http://127.0.0.1:8000/').read().decode(), end='')\"")
 
 
-def sh(vm: MicroVM, command: str, **kwargs):
-    return vm.exec(["bash", "-c", command], env={"PATH": "/usr/local/bin:/usr/bin:/bin"}, **kwargs)
+@pytest.fixture(scope="module")
+def vms() -> Iterator[Store]:
+    """A store whose new sandboxes are microVMs (512 MB each); what the module makes is removed."""
+    with removing_what_is_made(Store(backend="microvm")) as store:
+        yield store
+        made = [s for s in store.sandboxes() if s.backend == "microvm"]
+    assert not any(MicroVM.attach(s.profile_path.parent) for s in made)
+
+
+def new_vm(vms: Store, **kwargs) -> Sandbox:
+    return vms.create_sandbox(PYTHON_IMAGE, memory="512m", **kwargs)
+
+
+@pytest.fixture(scope="module")
+def machine(vms: Store) -> Sandbox:
+    return new_vm(vms, label="microvm-test", env={"FROM_SANDBOX": "kept"})
+
+
+@pytest.fixture(scope="module")
+def with_server(vms: Store):
+    """A VM that started a server in turn 2 and wrote a file in turn 3, checkpointed with its memory."""
+    sandbox = new_vm(vms)
+    assert sandbox.exec("echo turn-1 > /root/turn").exit_code == 0
+    assert sandbox.exec(SERVER).exit_code == 0
+    assert sandbox.exec("echo turn-3 > /root/turn").exit_code == 0
+    return sandbox, sandbox.checkpoint(label="turn-3", memory=True)
+
+
+def test_a_microvm_sandbox_runs_commands_as_a_container_does(machine):
+    assert machine.backend == "microvm" and machine.running and machine.state == "running"
+    result = machine.exec("pwd; echo $GREETING; id -un; exit 3", cwd="/tmp", env={"GREETING": "hello vm"},
+                          user="nobody")
+    assert (result.output, result.exit_code, result.timed_out) == ("/tmp\nhello vm\nnobody\n", 3, False)
+    seen = machine.exec("echo $PATH $FROM_SANDBOX; cat /etc/hostname; uname -r").output.split()
+    assert seen[:2] == [machine.image.config.env["PATH"], "kept"]  # the image's ENV and the sandbox's
+    assert seen[2] == machine.id and seen[3] != os.uname().release  # its own hostname and kernel
+    assert machine.exec(["python3", "-c", "print(6 * 7)"]).output == "42\n"
+
+
+def test_an_unknown_user_is_refused_clearly(machine):
+    with pytest.raises(VMError, match="unknown user no-such-user"):
+        machine.exec("true", user="no-such-user")
+    assert machine.exec("echo still-serving").output == "still-serving\n"
+
+
+def test_a_timeout_kills_the_commands_whole_tree(machine):
+    result = machine.exec("sleep 300 & sleep 301; echo never", timeout=1)
+    assert result.timed_out and result.exit_code == 124 and "never" not in result.output
+    time.sleep(0.2)
+    assert machine.exec("ps -eo args | grep -c '^sleep 30[01]' || true").output.strip() == "0"
+
+
+def test_output_keeps_its_head_and_tail_past_the_cap(machine):
+    result = machine.exec("seq 1 200000", max_output=4000)
+    assert result.truncated and result.output.startswith("1\n2\n") and result.output.endswith("199999\n200000\n")
+    assert "bytes of output omitted" in result.output and len(result.output) < 4200
+
+
+def test_a_disk_checkpoint_is_a_store_checkpoint_its_branch_boots(vms, machine):
+    assert machine.exec("echo at-checkpoint > /root/state").exit_code == 0
+    checkpoint = machine.checkpoint(label="disk-only")
+    assert machine.exec("echo after-checkpoint > /root/state").exit_code == 0
+    assert checkpoint.exists and (checkpoint.path / DISK_FILE).exists()
+    assert not (checkpoint.path / MEMORY_FILE).exists()
+    assert vms.checkpoint(checkpoint.id).parent is None and checkpoint in vms.checkpoints(machine.id)
+    branch = checkpoint.branch()
+    assert branch.backend == "microvm" and branch.base_checkpoint == checkpoint.id
+    assert branch.exec("cat /root/state").output == "at-checkpoint\n"
+    assert branch.exec("echo branch > /root/state").exit_code == 0
+    assert machine.exec("cat /root/state").output == "after-checkpoint\n"
+    with pytest.raises(SandboxStateError, match="microVM"):
+        _ = checkpoint.rootfs  # host-side readers (grading, task files) refuse it clearly
+    branch.destroy()
+    assert not branch.path.exists()
+
+
+def test_a_server_from_turn_2_answers_in_a_branch_of_turn_3(with_server):
+    parent, checkpoint = with_server
+    assert (checkpoint.path / MEMORY_FILE).stat().st_size > 0
+    branch = checkpoint.branch()
+    assert branch.exec(FETCH).output == "served-from-turn-2\n"
+    assert branch.exec("cat /root/turn").output == "turn-3\n"
+    assert not (branch.path / MEMORY_FILE).exists()  # used once, by the resume
+    assert parent.exec(FETCH).output == "served-from-turn-2\n"  # the checkpointed VM runs on
+    branch.destroy()
+
+
+def test_branches_of_one_memory_image_get_their_own_identity(with_server):
+    _, checkpoint = with_server
+    branches = [checkpoint.branch() for _ in range(2)]
+    seen = [b.exec("hostname; cat /etc/machine-id; head -c 16 /dev/urandom | od -An -tx1").output.splitlines()
+            for b in branches]
+    assert len(seen[0]) == 3 and all(a != b for a, b in zip(*seen)), seen
+    assert [line[0] for line in seen] == [b.id for b in branches]
+    for branch in branches:
+        branch.destroy()
 
 
 def head_digest(disk) -> str:
@@ -28,128 +126,95 @@ def head_digest(disk) -> str:
         return hashlib.sha256(handle.read(16 << 20)).hexdigest()
 
 
-class Made:
-    """Every VM and checkpoint a test makes, removed at its end."""
-
-    def __init__(self, vms: VMStore):
-        self.vms, self.machines, self.checkpoints = vms, [], []
-
-    def boot(self) -> MicroVM:
-        self.machines.append(self.vms.boot(self.vms.store.resolve_image(PYTHON_IMAGE)))
-        return self.machines[-1]
-
-    def branch(self, checkpoint) -> MicroVM:
-        self.machines.append(self.vms.branch(checkpoint))
-        return self.machines[-1]
-
-    def checkpoint(self, vm: MicroVM, *, memory: bool):
-        self.checkpoints.append(self.vms.checkpoint(vm, memory=memory))
-        return self.checkpoints[-1]
-
-    def remove_all(self) -> None:
-        for machine in self.machines:
-            self.vms.destroy(machine)
-        for checkpoint in self.checkpoints:
-            self.vms.remove_checkpoint(checkpoint)
-
-
-@pytest.fixture(scope="module")
-def made() -> Iterator[Made]:
-    made = Made(VMStore(Store()))
-    try:
-        yield made
-    finally:
-        made.remove_all()
-    assert not any(m.run_dir.exists() or m.process.poll() is None for m in made.machines)
-    assert not any(c.exists() for c in made.checkpoints)
-
-
-@pytest.fixture(scope="module")
-def machine(made: Made) -> MicroVM:
-    return made.boot()
-
-
-@pytest.fixture(scope="module")
-def with_server(made: Made) -> tuple[MicroVM, object]:
-    """A VM that started a server in turn 2 and wrote a file in turn 3, checkpointed with its memory."""
-    vm = made.boot()
-    assert sh(vm, "mkdir -p /srv && echo turn-1 > /srv/turn").exit_code == 0
-    assert sh(vm, SERVER).exit_code == 0
-    assert sh(vm, "echo turn-3 > /srv/turn").exit_code == 0
-    return vm, made.checkpoint(vm, memory=True)
-
-
-def test_commands_get_their_cwd_env_user_and_exit_code(machine):
-    result = machine.exec(["bash", "-c", "pwd; echo $GREETING; id -un; exit 3"], cwd="/tmp",
-                          env={"GREETING": "hello vm"}, user="nobody")
-    assert (result.output, result.exit_code, result.timed_out) == ("/tmp\nhello vm\nnobody\n", 3, False)
-    assert sh(machine, "cat /etc/hostname").output.strip() == machine.run_dir.name
-
-
-def test_an_unknown_user_is_refused_clearly(machine):
-    with pytest.raises(VMError, match="unknown user no-such-user"):
-        sh(machine, "true", user="no-such-user")
-    assert sh(machine, "echo still-serving").output == "still-serving\n"
-
-
-def test_a_timeout_kills_the_commands_whole_tree(machine):
-    result = sh(machine, "sleep 300 & sleep 301; echo never", timeout=1)
-    assert result.timed_out and result.exit_code == 124 and "never" not in result.output
-    time.sleep(0.2)
-    assert sh(machine, "ps -eo args | grep -c '^sleep 30[01]' || true").output.strip() == "0"
-
-
-def test_output_keeps_its_head_and_tail_past_the_cap(machine):
-    result = sh(machine, "seq 1 200000", max_output=4000)
-    assert result.truncated and result.output.startswith("1\n2\n") and result.output.endswith("199999\n200000\n")
-    assert "bytes of output omitted" in result.output and len(result.output) < 4200
-
-
-def test_a_disk_checkpoint_boots_its_files_and_branches_stay_apart(made, machine):
-    assert sh(machine, "echo at-checkpoint > /root/state").exit_code == 0
-    checkpoint = made.checkpoint(machine, memory=False)
-    assert sh(machine, "echo after-checkpoint > /root/state").exit_code == 0
-    branch = made.branch(checkpoint)
-    assert sh(branch, "cat /root/state").output == "at-checkpoint\n"
-    assert sh(branch, "echo branch > /root/state").exit_code == 0
-    assert sh(machine, "cat /root/state").output == "after-checkpoint\n"
-    assert not (checkpoint / "memory.bin").exists()
-
-
-def test_a_server_from_turn_2_answers_in_a_branch_of_turn_3(made, with_server):
-    parent, checkpoint = with_server
-    branch = made.branch(checkpoint)
-    assert sh(branch, FETCH).output == "served-from-turn-2\n"
-    assert sh(branch, "cat /srv/turn").output == "turn-3\n"
-    assert sh(parent, FETCH).output == "served-from-turn-2\n"  # the checkpointed VM runs on
-
-
-def test_branches_of_one_memory_image_get_their_own_identity(made, with_server):
+def test_root_in_a_guest_cannot_reach_the_store_or_its_checkpoint(vms, with_server):
     _, checkpoint = with_server
-    seen = []
-    for _ in range(2):
-        branch = made.branch(checkpoint)
-        seen.append(sh(branch, "hostname; cat /etc/machine-id; head -c 16 /dev/urandom | od -An -tx1").output)
-    first, second = (s.splitlines() for s in seen)
-    assert len(first) == 3 and all(a != b for a, b in zip(first, second)), seen
-
-
-def test_root_in_a_guest_cannot_reach_the_store_or_its_checkpoint(made, with_server):
-    _, checkpoint = with_server
-    before = head_digest(checkpoint / "disk.img")
-    hostile = made.branch(checkpoint)
-    probe = sh(hostile, "ls /root/sprout-btrfs 2>&1; ls /sys/block; "
-                        "dd if=/dev/zero of=/dev/vda bs=1M count=8 conv=fsync 2>&1 | tail -1")
+    before = head_digest(checkpoint.path / DISK_FILE)
+    hostile = checkpoint.branch()
+    probe = hostile.exec(f"ls {vms.root} 2>&1; ls /sys/block; "
+                         "dd if=/dev/zero of=/dev/vda bs=1M count=8 conv=fsync 2>&1 | tail -1")
     assert "No such file" in probe.output and "vda" in probe.output and "copied" in probe.output
-    assert head_digest(checkpoint / "disk.img") == before
-    assert sh(made.branch(checkpoint), "cat /srv/turn").output == "turn-3\n"
+    assert head_digest(checkpoint.path / DISK_FILE) == before
+    sibling = checkpoint.branch()
+    assert sibling.exec("cat /root/turn").output == "turn-3\n"
+    hostile.destroy()
+    sibling.destroy()
 
 
-def test_a_hung_vm_is_killed_when_its_command_overruns(made, with_server, monkeypatch):
+def test_root_in_a_guest_cannot_fill_the_host_through_the_console_or_block_the_agent(vms):
+    hostile = new_vm(vms)
+    flood = hostile.exec("head -c 20000000 /dev/zero > /dev/ttyS0; echo flooded", timeout=120)
+    assert flood.output == "flooded\n"
+    assert (hostile.profile_path.parent / "console.log").stat().st_size < 1 << 20
+    assert hostile.exec("rm /etc/passwd && mkfifo /etc/passwd").exit_code == 0
+    with pytest.raises(VMError, match="unknown user nobody"):  # the FIFO is refused, not read
+        hostile.exec("true", user="nobody", timeout=5)
+    # the agent still serves (bash itself would block on the FIFO: it looks its user up)
+    assert hostile.exec(["echo", "still-serving"], timeout=20).output == "still-serving\n"
+    hostile.destroy()
+
+
+def test_a_hung_vm_is_killed_when_its_command_overruns(with_server, monkeypatch):
     _, checkpoint = with_server
-    hung = made.branch(checkpoint)
+    hung = checkpoint.branch()
     monkeypatch.setattr(vm_module, "ANSWER_GRACE_S", 1.0)
-    hung.qmp.cmd("stop")  # the guest stops answering, as a wedged kernel would
+    hung._vm().pause()  # the guest stops answering, as a wedged kernel would
     with pytest.raises(VMError, match="did not answer in time"):
-        sh(hung, "true", timeout=1)
-    assert hung.process.poll() is not None
+        hung.exec("true", timeout=1)
+    assert not hung.running and hung.state == "stopped"
+    hung.start()  # its disk boots again
+    assert hung.exec("cat /root/turn").output == "turn-3\n"
+    hung.destroy()
+
+
+def test_gc_reaps_a_vm_whose_owner_was_killed(vms):
+    child = os.fork()
+    if child == 0:  # the owner: makes a VM, then dies without cleaning up (as a SIGKILLed worker)
+        try:
+            owned = Store(vms.root, owner={"worker": "doomed"}, backend="microvm")
+            owned.create_sandbox(PYTHON_IMAGE, memory="512m", label="doomed")
+        finally:
+            os.kill(os.getpid(), signal.SIGKILL)
+    os.waitpid(child, 0)
+    doomed = [s for s in vms.sandboxes() if s.label == "doomed"]
+    assert len(doomed) == 1 and doomed[0].running
+    removed = vms.gc()
+    assert any(doomed[0].id in line and "dead owner" in line for line in removed), removed
+    assert not doomed[0].running and not doomed[0].path.exists()
+
+
+def test_microvms_refuse_network(vms, machine):
+    with pytest.raises(StoreError, match="no network"):
+        vms.create_sandbox(PYTHON_IMAGE, network=True)
+    with pytest.raises(SandboxStateError, match="no network"):
+        machine.set_network(True)
+    assert not machine.network_enabled
+
+
+def test_a_killed_qemu_shows_as_stopped_and_restarts(vms):
+    sandbox = new_vm(vms)
+    os.kill(sandbox._vm().pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while sandbox.running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sandbox.state == "stopped"
+    with pytest.raises(SandboxStateError, match="not running"):
+        sandbox.exec("true")
+    sandbox.start()
+    assert sandbox.exec("echo back").output == "back\n"
+    sandbox.destroy()
+
+
+def test_the_sandbox_cli_makes_checkpoints_and_branches_of_microvms():
+    from tests.sandbox.test_cli_doctor import cli
+
+    sandbox = cli("sprout.sandbox", "create", PYTHON_IMAGE, "--backend", "microvm", "--memory", "512m").stdout.strip()
+    assert sandbox.startswith("sb-"), sandbox
+    try:
+        assert cli("sprout.sandbox", "exec", sandbox, "echo hi > /root/a; sleep 600 &").returncode == 0
+        checkpoint = cli("sprout.sandbox", "checkpoint", "--memory", sandbox).stdout.split()[0]
+        branch = cli("sprout.sandbox", "branch", checkpoint).stdout.strip()
+        assert cli("sprout.sandbox", "exec", branch, "cat /root/a; pgrep -c -x sleep").stdout == "hi\n1\n"
+        assert '"backend": "microvm"' in cli("sprout.sandbox", "inspect", branch).stdout
+        assert cli("sprout.sandbox", "rm", "--force", branch, sandbox, checkpoint).returncode == 0
+    finally:
+        cli("sprout.sandbox", "rm", "--force", sandbox)

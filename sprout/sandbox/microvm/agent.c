@@ -4,21 +4,25 @@
  * virtio-serial port named "sprout.agent", enters ROOT (chroot) and serves one request at a time.
  * Frames, both ways: 4-byte big-endian length, 1 type byte, payload.
  *
- *   host -> guest  'P' ping                        -> 'k'
+ *   host -> guest  'P' ping with a token            -> 'k' with the same token
  *                  'R' run: NUL-separated fields     -> 'o' output chunks..., then 'x' "<code> <timed_out>"
  *                      cwd, user, timeout_ms, env count, env "K=V"..., argv...
+ *                  'S' sync the filesystems         -> 'k'
  *                  'F' freeze the root filesystem   -> 'k'   (sync + FIFREEZE: the disk is consistent)
  *                  'T' thaw it                      -> 'k'
  *                  'I' identity: hostname, machine id, entropy bytes -> 'k'
- *   guest -> host  'h' hello once at boot; '!' "<message>" when a request cannot be served.
+ *   guest -> host  '!' "<message>" when a request cannot be served.
  *
  * A command runs in its own session with stdout and stderr merged on one pipe and stdin /dev/null.
- * On timeout its whole process group is killed. Processes it leaves in the background keep running
- * (a server started in one turn answers in the next); as PID 1 the agent reaps what they orphan.
+ * On timeout every process that started while it ran is killed (its process group, and what left it
+ * with setsid or a double fork); processes that ran before it are left alone. Processes it leaves in
+ * the background keep running (a server started in one turn answers in the next); as PID 1 the agent
+ * reaps what they orphan.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <dirent.h>
 #include <glob.h>
 #include <grp.h>
 #include <linux/fs.h>
@@ -30,14 +34,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #define MAX_FRAME (16 << 20)
+#define MAX_PROCS 8192
 #define EXIT_GRACE_MS 100
 
 static int port = -1;
+static sigset_t sigio;  /* blocked in the agent; the port raises it when the host connects */
 static pid_t running = 0;
 static int running_status = -1;
 
@@ -66,14 +73,16 @@ static void send_frame(char type, const void *payload, uint32_t len) {
 
 static void send_text(char type, const char *text) { send_frame(type, text, (uint32_t)strlen(text)); }
 
-/* Reads exactly len bytes; while the host is not connected the port reads as end-of-file. */
+/* Reads exactly len bytes. While the host is not connected the port reads as end-of-file; the
+ * agent then sleeps until the port signals a connection (SIGIO), or a second passes. */
 static void read_full(void *buf, size_t len) {
     char *p = buf;
+    struct timespec second = {1, 0};
     while (len > 0) {
         ssize_t n = read(port, p, len);
         if (n > 0) { p += n, len -= (size_t)n; continue; }
         if (n < 0 && errno != EINTR && errno != EAGAIN) die("read from the host");
-        usleep(20000);
+        sigtimedwait(&sigio, NULL, &second);
     }
 }
 
@@ -90,6 +99,52 @@ static void reap(void) {
         if (pid == running) running_status = status;
 }
 
+typedef struct { int pid; unsigned long long start; } proc_id;
+
+/* The guest's processes but the agent, kernel threads and zombies, as (pid, start time). */
+static int list_procs(proc_id *out) {
+    int count = 0;
+    DIR *proc = opendir("/proc");
+    struct dirent *entry;
+    while (proc && count < MAX_PROCS && (entry = readdir(proc))) {
+        int pid = atoi(entry->d_name);
+        if (pid <= 2) continue;
+        char path[64], stat[1024];
+        snprintf(path, sizeof path, "/proc/%d/stat", pid);
+        int fd = open(path, O_RDONLY);
+        if (fd < 0) continue;
+        ssize_t n = read(fd, stat, sizeof stat - 1);
+        close(fd);
+        char *rest = n > 0 ? (stat[n] = '\0', strrchr(stat, ')')) : NULL;
+        char state;
+        int ppid;
+        unsigned long long start;
+        if (!rest || sscanf(rest + 2, "%c %d %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %llu",
+                            &state, &ppid, &start) != 3) continue;
+        if (state == 'Z' || ppid == 2) continue;
+        out[count++] = (proc_id){pid, start};
+    }
+    if (proc) closedir(proc);
+    return count;
+}
+
+/* Kills, until none is left, every process not in `before` (what a command started, wherever it went). */
+static void kill_new(const proc_id *before, int before_count) {
+    static proc_id now[MAX_PROCS];
+    for (int round = 0; round < 100; round++) {
+        int count = list_procs(now), killed = 0;
+        for (int i = 0; i < count; i++) {
+            int known = 0;
+            for (int j = 0; j < before_count && !known; j++)
+                known = before[j].pid == now[i].pid && before[j].start == now[i].start;
+            if (!known) killed += kill(now[i].pid, SIGKILL) == 0;
+        }
+        reap();
+        if (!killed) return;
+        usleep(2000);
+    }
+}
+
 /* "name", "uid" or "uid:gid"; names are looked up in the sandbox's /etc/passwd. */
 static int resolve_user(const char *user, uid_t *uid, gid_t *gid) {
     char *end;
@@ -98,7 +153,11 @@ static int resolve_user(const char *user, uid_t *uid, gid_t *gid) {
         *uid = (uid_t)n, *gid = *end == ':' ? (gid_t)strtoul(end + 1, NULL, 10) : (gid_t)n;
         return 0;
     }
-    FILE *f = fopen("/etc/passwd", "r");
+    /* the sandbox's files are the agent's: a FIFO or a device here must not block the agent */
+    int fd = open("/etc/passwd", O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) || !S_ISREG(st.st_mode))) { close(fd); fd = -1; }
+    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
     char line[1024];
     size_t len = strlen(user);
     while (f && fgets(line, sizeof line, f)) {
@@ -117,6 +176,7 @@ static int resolve_user(const char *user, uid_t *uid, gid_t *gid) {
 
 static void child(int out, char *cwd, uid_t uid, gid_t gid, char **env, char **argv) {
     setsid();
+    sigprocmask(SIG_UNBLOCK, &sigio, NULL);
     int devnull = open("/dev/null", O_RDONLY);
     dup2(devnull, 0), dup2(out, 1), dup2(out, 2);
     signal(SIGPIPE, SIG_DFL);
@@ -176,13 +236,18 @@ static void run(char *payload, uint32_t len) {
     int pipefd[2];
     if (pipe2(pipefd, O_CLOEXEC)) { send_text('!', "pipe failed"); free(env); return; }
     long long timeout = atoll(fields[2]), deadline = timeout > 0 ? now_ms() + timeout : 0;
+    static proc_id before[MAX_PROCS];
+    int before_count = list_procs(before);
     running_status = -1;
     running = fork();
     if (running == 0) child(pipefd[1], fields[0], uid, gid, env, fields + 4 + envc);
     close(pipefd[1]);
     free(env);
     int timed_out = running > 0 && stream(pipefd[0], deadline);
-    if (timed_out || running_status < 0) kill(-running, SIGKILL);
+    if (timed_out || running_status < 0) {
+        kill(-running, SIGKILL);
+        kill_new(before, before_count);
+    }
     while (running > 0 && running_status < 0) { usleep(2000); reap(); }
     close(pipefd[0]);
     int st = running_status, code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
@@ -251,8 +316,12 @@ int main(int argc, char **argv) {
     if (argc != 2) { fprintf(stderr, "usage: sprout-agent ROOT\n"); return 2; }
     signal(SIGPIPE, SIG_IGN);
     open_port();
+    sigemptyset(&sigio);
+    sigaddset(&sigio, SIGIO);
+    sigprocmask(SIG_BLOCK, &sigio, NULL);
+    if (fcntl(port, F_SETOWN, getpid()) || fcntl(port, F_SETFL, fcntl(port, F_GETFL) | O_ASYNC))
+        die("cannot have the port signal the host's connections");
     if (chroot(argv[1]) || chdir("/")) die("cannot enter the sandbox's root");
-    send_text('h', "");
     for (;;) {
         unsigned char head[5];
         read_full(head, 5);
@@ -262,8 +331,9 @@ int main(int argc, char **argv) {
         read_full(payload, len);
         payload[len] = '\0';
         switch (head[4]) {
-            case 'P': send_text('k', ""); break;
+            case 'P': send_frame('k', payload, len); break;
             case 'R': run(payload, len); break;
+            case 'S': sync(); send_text('k', ""); break;
             case 'F': freeze(FIFREEZE); break;
             case 'T': freeze(FITHAW); break;
             case 'I': identity(payload, len); break;

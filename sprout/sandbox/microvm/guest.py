@@ -7,10 +7,12 @@ The kit (kernel + initramfs) is built once per kernel and agent source, in `<sto
 
 import gzip
 import hashlib
+import lzma
 import os
 import shutil
 import subprocess
 import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,7 +47,7 @@ class GuestError(StoreError):
 
 @dataclass(frozen=True)
 class GuestKit:
-    kernel: Path
+    kernel: Path  # the ELF kernel unpacked from Debian's vmlinuz (or that vmlinuz, packed otherwise)
     initrd: Path
 
 
@@ -65,7 +67,7 @@ def guest_kit(store_root: Path) -> GuestKit:
     if not BUSYBOX.exists():
         raise GuestError("no static busybox: install Debian's busybox-static (ops/setup_podman.sh does)")
     digest = hashlib.sha256()
-    for part in (kernel.name.encode(), AGENT_SOURCE.read_bytes(), INIT_SCRIPT.encode(), BUSYBOX.read_bytes()):
+    for part in (kernel.name.encode(), AGENT_SOURCE.read_bytes(), Path(__file__).read_bytes(), BUSYBOX.read_bytes()):
         digest.update(hashlib.sha256(part).digest())
     kit_dir = store_root / "microvm" / "kits" / digest.hexdigest()[:16]
     kit = GuestKit(kernel=kit_dir / "vmlinuz", initrd=kit_dir / "initrd.img")
@@ -91,7 +93,7 @@ def _build_kit(kit_dir: Path, kernel: Path, modules: Path) -> None:
         _compile_agent(tree / "sprout-agent")
         staged = Path(work) / "kit"
         staged.mkdir()
-        shutil.copy2(kernel, staged / "vmlinuz")
+        (staged / "vmlinuz").write_bytes(_uncompressed(kernel.read_bytes()))
         archive = subprocess.run("find . | LC_ALL=C sort | cpio -o -H newc --quiet", shell=True, cwd=tree,
                                  capture_output=True, check=True).stdout
         (staged / "initrd.img").write_bytes(gzip.compress(archive, compresslevel=1))
@@ -100,6 +102,23 @@ def _build_kit(kit_dir: Path, kernel: Path, modules: Path) -> None:
         except OSError:  # another process built the same kit meanwhile
             if not (kit_dir / "initrd.img").exists():
                 raise
+
+
+def _uncompressed(vmlinuz: bytes) -> bytes:
+    """The ELF kernel inside a bzImage, which QEMU boots directly (PVH): under emulation, unpacking it
+    takes about half of a boot. Kernels packed otherwise than with xz or gzip are booted as they are."""
+    for magic, decompress in ((b"\xfd7zXZ\x00", lambda b: lzma.LZMADecompressor().decompress(b)),
+                              (b"\x1f\x8b\x08", lambda b: zlib.decompressobj(31).decompress(b))):
+        start = vmlinuz.find(magic)
+        if start < 0:
+            continue
+        try:
+            elf = decompress(vmlinuz[start:])
+        except (lzma.LZMAError, zlib.error):
+            continue
+        if elf.startswith(b"\x7fELF"):
+            return elf
+    return vmlinuz
 
 
 def _compile_agent(dest: Path) -> None:

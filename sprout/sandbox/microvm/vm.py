@@ -1,9 +1,14 @@
 """One microVM: a QEMU `microvm` machine booted from a guest kit and a disk file, driven over QMP
 (pause, memory snapshots) and over a virtio-serial port to its agent (commands, freeze, identity).
 
-Files of a running VM live in its run directory: qmp.sock, agent.sock, console.log, qemu.pid.
+QEMU daemonizes, so a VM outlives the process that started it (as a container outlives podman) and
+any process can drive it. Its run directory holds qmp.sock, agent.sock, vm.json (pid, start time,
+accelerator), qemu.log and console.log. Each operation connects, holds the run directory's lock
+(the agent serves one request at a time) and disconnects.
 """
 
+import fcntl
+import json
 import os
 import secrets
 import shlex
@@ -12,6 +17,8 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,13 +26,13 @@ from qemu.qmp.legacy import QEMUMonitorProtocol
 
 from ..errors import SproutError
 from ..execution import DEFAULT_MAX_OUTPUT, TIMEOUT_EXIT_CODE, CappedReader, ExecResult
-from .guest import GuestKit, clone_file
+from .guest import GuestKit
 
 QEMU = "qemu-system-x86_64"
-DISK_FILE, MEMORY_FILE = "disk.img", "memory.bin"
 BOOT_TIMEOUT_S = {"kvm": 30.0, "tcg": 120.0}
 ANSWER_GRACE_S = 15.0  # how long past a command's own timeout the agent may take to report it
-NO_TIMEOUT_ANSWER_S = 24 * 3600.0
+REQUEST_TIMEOUT_S = 60.0
+MAX_FRAME = 16 << 20  # the agent's frames are far smaller; a larger length is a guest misbehaving
 CONSOLE_TAIL_BYTES = 2000
 
 
@@ -57,106 +64,140 @@ def choose_accel(requested: str = "auto") -> tuple[str, str]:
 
 
 class MicroVM:
-    """A running VM. `boot` starts a fresh one; `restore` resumes a saved memory image."""
+    """A handle on a running VM. `boot` starts one; `attach` finds one another process started."""
 
-    def __init__(self, run_dir: Path, process: subprocess.Popen, accel: str):
-        self.run_dir, self.process, self.accel = run_dir, process, accel
-        self.qmp: QEMUMonitorProtocol | None = None
-        self.agent: socket.socket | None = None
-
-    @property
-    def disk(self) -> Path:
-        return self.run_dir / DISK_FILE
+    def __init__(self, run_dir: Path, pid: int, accel: str):
+        self.run_dir, self.pid, self.accel = run_dir, pid, accel
 
     @classmethod
-    def boot(cls, kit: GuestKit, run_dir: Path, *, limits: VMLimits = VMLimits(), accel: str = "auto",
-             incoming: Path | None = None) -> "MicroVM":
-        """Starts QEMU on `run_dir/disk.img` (put there by the caller) and waits for the agent.
-        With `incoming`, the VM resumes that memory image instead of booting its kernel."""
+    def boot(cls, kit: GuestKit, disk: Path, run_dir: Path, *, limits: VMLimits = VMLimits(),
+             accel: str = "auto", incoming: Path | None = None) -> "MicroVM":
+        """Starts QEMU on `disk` and waits until its agent answers. With `incoming`, the VM resumes
+        that memory image (saved with the same disk) instead of booting its kernel."""
         chosen, _ = choose_accel(accel)
-        for name in ("qmp.sock", "agent.sock", "console.log"):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for name in ("qmp.sock", "agent.sock", "console.log", "qemu.pid", "vm.json"):
             (run_dir / name).unlink(missing_ok=True)
-        argv = _qemu_argv(kit, run_dir, limits, chosen, incoming)
-        with open(run_dir / "qemu.log", "wb") as log:
-            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                       start_new_session=True)
-        vm = cls(run_dir, process, chosen)
+        started = subprocess.run(_qemu_argv(kit, disk, run_dir, limits, chosen, incoming),
+                                 stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        if started.returncode != 0:
+            raise VMError(f"QEMU did not start: {started.stderr.strip()}")
+        pid = int((run_dir / "qemu.pid").read_text())
+        (run_dir / "vm.json").write_text(json.dumps({"pid": pid, "start": _process_start(pid), "accel": chosen}))
+        vm = cls(run_dir, pid, chosen)
         try:
-            vm._connect(BOOT_TIMEOUT_S[chosen], expect_hello=incoming is None)
+            deadline = time.monotonic() + BOOT_TIMEOUT_S[chosen]
+            if incoming is not None:
+                vm._resume_incoming(deadline)
+            with vm._agent(deadline):
+                pass
+            vm._silence_console()
         except BaseException:
             vm.kill()
             raise
         return vm
 
-    def _connect(self, timeout_s: float, *, expect_hello: bool) -> None:
-        deadline = time.monotonic() + timeout_s
-        self.qmp = QEMUMonitorProtocol(str(self._wait_for(self.run_dir / "qmp.sock", deadline)))
-        self.qmp.connect()
-        self.agent = socket.socket(socket.AF_UNIX)
-        self.agent.connect(str(self._wait_for(self.run_dir / "agent.sock", deadline)))
-        if expect_hello:
-            kind, _ = self._receive(deadline, "boot")
-        else:  # a restored agent is waiting for its next request
-            self._resume_incoming(deadline)
-            self._send("P")
-            kind, _ = self._receive(deadline, "restore")
-        if kind not in ("h", "k"):
-            raise self._failure(f"the guest agent greeted with {kind!r}")
+    @classmethod
+    def attach(cls, run_dir: Path) -> "MicroVM | None":
+        """The VM running in `run_dir`, or None when it is not running."""
+        try:
+            state = json.loads((run_dir / "vm.json").read_text())
+            if _process_start(state["pid"]) == state["start"]:
+                return cls(run_dir, state["pid"], state["accel"])
+        except (OSError, ValueError, KeyError):
+            pass
+        return None
+
+    @property
+    def alive(self) -> bool:
+        return MicroVM.attach(self.run_dir) is not None
+
+    # ---------------------------------------------------------------- QMP
+
+    @contextmanager
+    def _qmp(self) -> Iterator[QEMUMonitorProtocol]:
+        with self._locked("qmp"):
+            monitor = QEMUMonitorProtocol(str(self.run_dir / "qmp.sock"))
+            try:
+                monitor.connect()
+            except OSError as e:
+                raise self._failure(f"cannot reach QEMU's monitor: {e}") from None
+            try:
+                yield monitor
+            finally:
+                monitor.close()
 
     def _resume_incoming(self, deadline: float) -> None:
-        """Waits for the memory image to load; a VM saved while paused (as `save` does) loads paused."""
-        while (status := self.qmp.cmd("query-status")["status"]) == "inmigrate":
-            if time.monotonic() > deadline:
-                raise self._failure("loading the memory image did not finish in time")
-            time.sleep(0.01)
-        if status != "running":
-            self.qmp.cmd("cont")
+        """Waits for the memory image to load; a VM saved while paused (as `save_memory` does) loads
+        paused, and is resumed here."""
+        self._wait_for(self.run_dir / "qmp.sock", deadline)
+        with self._qmp() as qmp:
+            while (status := qmp.cmd("query-status")["status"]) == "inmigrate":
+                if time.monotonic() > deadline or not self.alive:
+                    raise self._failure("loading the memory image did not finish")
+                time.sleep(0.01)
+            if status != "running":
+                qmp.cmd("cont")
 
-    def _wait_for(self, path: Path, deadline: float) -> Path:
-        while not path.exists():
-            if self.process.poll() is not None:
-                raise self._failure(f"QEMU exited with {self.process.returncode}")
-            if time.monotonic() > deadline:
-                raise self._failure(f"QEMU did not open {path.name}")
-            time.sleep(0.02)
-        return path
-
-    # ---------------------------------------------------------------- the agent's channel
-
-    def _send(self, kind: str, payload: bytes = b"") -> None:
-        self.agent.sendall(len(payload).to_bytes(4, "big") + kind.encode() + payload)
-
-    def _receive(self, deadline: float, doing: str) -> tuple[str, bytes]:
-        head = self._read_exactly(5, deadline, doing)
-        return chr(head[4]), self._read_exactly(int.from_bytes(head[:4], "big"), deadline, doing)
-
-    def _read_exactly(self, size: int, deadline: float, doing: str) -> bytes:
-        data = bytearray()
-        while len(data) < size:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.kill()
-                raise self._failure(f"the VM did not answer in time ({doing}); it was killed")
-            self.agent.settimeout(min(left, 1.0))
+    def save_memory(self, dest: Path, while_paused: Callable[[], None]) -> None:
+        """Has the guest flush its filesystems (so the disk alone is recent too: a restart without
+        the memory loses little), pauses the VM (which drains its disk), runs `while_paused` (the
+        caller snapshots the disk there), writes RAM and device state to `dest` with QEMU's migration
+        stream, and resumes it. The disk snapshot and `dest` describe the same instant."""
+        self._request("S")
+        with self._locked("snapshot"), self._qmp() as qmp:
+            qmp.cmd("stop")
             try:
-                chunk = self.agent.recv(size - len(data))
-            except TimeoutError:
-                if self.process.poll() is not None:
-                    raise self._failure(f"QEMU exited with {self.process.returncode} ({doing})") from None
-                continue
-            if not chunk:
-                raise self._failure(f"the agent's channel closed ({doing})")
-            data += chunk
-        return bytes(data)
+                while_paused()
+                qmp.cmd("migrate-set-parameters", **{"max-bandwidth": 1 << 40})
+                qmp.cmd("migrate", uri=f"exec:cat > {shlex.quote(str(dest))}")
+                while (status := qmp.cmd("query-migrate")).get("status") != "completed":
+                    if status.get("status") in ("failed", "cancelled"):
+                        raise VMError(f"saving the VM's memory failed: {status.get('error-desc', status)}")
+                    time.sleep(0.01)
+            finally:
+                qmp.cmd("cont")
 
-    def _request(self, kind: str, payload: bytes = b"", timeout_s: float = 60.0) -> bytes:
-        self._send(kind, payload)
-        answer, body = self._receive(time.monotonic() + timeout_s, f"request {kind}")
+    def _silence_console(self) -> None:
+        """Once the agent answers, the serial console (the boot's log) stops being written: root in the
+        guest could otherwise fill the host's disk through it."""
+        with self._qmp() as qmp:
+            qmp.cmd("chardev-change", id="serial0", backend={"type": "null", "data": {}})
+
+    def pause(self) -> None:
+        """Stops the guest's CPUs (a test's stand-in for a wedged guest)."""
+        with self._qmp() as qmp:
+            qmp.cmd("stop")
+
+    # ---------------------------------------------------------------- the agent
+
+    @contextmanager
+    def _agent(self, deadline: float) -> Iterator["_Channel"]:
+        """A connection to the agent, checked with a ping whose token it echoes: frames a previous
+        client left unread (its command outlived it) are skipped."""
+        self._wait_for(self.run_dir / "agent.sock", deadline)
+        with self._locked("agent"):
+            sock = socket.socket(socket.AF_UNIX)
+            try:
+                sock.connect(str(self.run_dir / "agent.sock"))
+                channel = _Channel(self, sock)
+                token = secrets.token_hex(8).encode()
+                channel.send("P", token)
+                while channel.receive(deadline, "waiting for the agent") != ("k", token):
+                    pass
+                yield channel
+            finally:
+                sock.close()
+
+    def _request(self, kind: str, payload: bytes = b"") -> None:
+        deadline = time.monotonic() + REQUEST_TIMEOUT_S
+        with self._agent(deadline) as channel:
+            channel.send(kind, payload)
+            answer, body = channel.receive(deadline, f"request {kind}")
         if answer != "k":
             raise VMError(f"the guest agent refused: {body.decode(errors='replace')}")
-        return body
 
-    def exec(self, argv: list[str], *, cwd: str = "/", env: dict[str, str] | None = None, user: str = "root",
+    def exec(self, argv: list[str], *, cwd: str = "/", env: dict[str, str] | None = None, user: str = "0",
              timeout: float | None = None, max_output: int = DEFAULT_MAX_OUTPUT) -> ExecResult:
         """Runs argv in the guest; stdout and stderr merged and capped as the container backend does."""
         env = env or {}
@@ -165,104 +206,142 @@ class MicroVM:
         if any("\0" in field for field in fields):
             raise VMError("a command, its cwd, user or environment contains a NUL byte")
         started = time.monotonic()
-        self._send("R", b"\0".join(f.encode() for f in fields) + b"\0")
-        deadline = started + (timeout + ANSWER_GRACE_S if timeout else NO_TIMEOUT_ANSWER_S)
+        deadline = started + (timeout + ANSWER_GRACE_S if timeout else 365 * 86400.0)
         reader = CappedReader(max_output)
-        while True:
-            kind, body = self._receive(deadline, "running a command")
-            if kind == "o":
-                reader.feed(body)
-            elif kind == "x":
-                code, timed_out = (int(n) for n in body.split())
-                break
-            else:
-                raise VMError(f"the guest agent refused the command: {body.decode(errors='replace')}")
+        with self._agent(min(deadline, started + REQUEST_TIMEOUT_S)) as channel:
+            channel.send("R", b"\0".join(f.encode() for f in fields) + b"\0")
+            while (frame := channel.receive(deadline, "running a command"))[0] == "o":
+                reader.feed(frame[1])
+        kind, body = frame
+        if kind != "x":
+            raise VMError(f"the guest agent refused the command: {body.decode(errors='replace')[:500]}")
+        try:
+            code, timed_out = (int(n) for n in body.split())
+        except ValueError:
+            raise VMError(f"the guest agent answered {body[:100]!r} to a command") from None
         output, truncated = reader.text()
         return ExecResult(output=output, exit_code=TIMEOUT_EXIT_CODE if timed_out else code,
                           duration=time.monotonic() - started, timed_out=bool(timed_out), truncated=truncated)
 
-    def set_identity(self, hostname: str, machine_id: str | None = None) -> None:
-        """A new hostname, machine id and 32 bytes of entropy: what a branch of a memory image needs
-        so that it does not repeat its siblings."""
-        machine_id = machine_id or uuid.uuid4().hex
-        self._request("I", hostname.encode() + b"\0" + machine_id.encode() + b"\0" + secrets.token_bytes(32))
-
-    # ---------------------------------------------------------------- snapshots
-
-    def save(self, dest: Path, *, memory: bool) -> None:
-        """Writes dest/disk.img (a reflink) and, with `memory`, dest/memory.bin (QEMU's migration
-        stream: RAM and device state). Without memory the guest's filesystems are frozen for the copy;
-        with it the VM is paused, which drains and flushes its disk, so the two files agree."""
-        if not memory:
+    @contextmanager
+    def frozen(self) -> Iterator[None]:
+        """The guest's root filesystem flushed and frozen (FIFREEZE) while the body runs; one freeze at
+        a time (a second FIFREEZE would fail, and the first thaw would end both)."""
+        with self._locked("snapshot"):
             self._request("F")
             try:
-                clone_file(self.disk, dest / DISK_FILE)
+                yield
             finally:
                 self._request("T")
-            return
-        self.qmp.cmd("stop")
-        try:
-            clone_file(self.disk, dest / DISK_FILE)
-            self.qmp.cmd("migrate-set-parameters", **{"max-bandwidth": 1 << 40})
-            self.qmp.cmd("migrate", uri=f"exec:cat > {shlex.quote(str(dest / MEMORY_FILE))}")
-            self._wait_migration()
-        finally:
-            self.qmp.cmd("cont")
 
-    def _wait_migration(self) -> None:
-        while True:
-            status = self.qmp.cmd("query-migrate")
-            state = status.get("status")
-            if state == "completed":
-                return
-            if state in ("failed", "cancelled"):
-                raise VMError(f"saving the VM's memory failed: {status.get('error-desc', state)}")
-            time.sleep(0.01)
+    def set_identity(self, hostname: str, machine_id: str | None = None) -> None:
+        """A new hostname, machine id and 32 bytes of entropy, credited and reseeded at once: what a
+        branch of a memory image needs so that it does not repeat its siblings."""
+        machine_id = machine_id or uuid.uuid4().hex
+        self._request("I", hostname.encode() + b"\0" + machine_id.encode() + b"\0" + secrets.token_bytes(32))
 
     # ---------------------------------------------------------------- the end
 
     def kill(self) -> None:
         """Stops the VM at once (its disk stays as it is)."""
-        for channel in (self.agent, self.qmp):
-            if channel is not None:
-                try:
-                    channel.close()
-                except OSError:
-                    pass
-        self.agent = self.qmp = None
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
+        if self.alive:
+            os.kill(self.pid, signal.SIGKILL)
+            while self.alive:
+                time.sleep(0.01)
+        for name in ("qmp.sock", "agent.sock", "vm.json"):
+            (self.run_dir / name).unlink(missing_ok=True)
+
+    # ---------------------------------------------------------------- helpers
+
+    @contextmanager
+    def _locked(self, name: str) -> Iterator[None]:
+        with open(self.run_dir / f"{name}.lock", "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+
+    def _wait_for(self, path: Path, deadline: float) -> None:
+        while not path.exists():
+            if not self.alive:
+                raise self._failure("QEMU exited")
+            if time.monotonic() > deadline:
+                raise self._failure(f"QEMU did not open {path.name}")
+            time.sleep(0.02)
 
     def _failure(self, what: str) -> VMError:
         console = self.run_dir / "console.log"
         tail = console.read_bytes()[-CONSOLE_TAIL_BYTES:].decode(errors="replace") if console.exists() else ""
-        log = (self.run_dir / "qemu.log")
+        log = self.run_dir / "qemu.log"
         qemu = log.read_text(errors="replace").strip() if log.exists() else ""
         return VMError(f"{what} (accelerator {self.accel}; {self.run_dir})"
                        + (f"\nQEMU: {qemu}" if qemu else "") + (f"\nconsole:\n{tail}" if tail else ""))
 
 
-def _qemu_argv(kit: GuestKit, run_dir: Path, limits: VMLimits, accel: str, incoming: Path | None) -> list[str]:
+class _Channel:
+    """Frames over the agent's socket: 4-byte big-endian length, a type byte, the payload."""
+
+    def __init__(self, vm: MicroVM, sock: socket.socket):
+        self.vm, self.sock = vm, sock
+
+    def send(self, kind: str, payload: bytes = b"") -> None:
+        self.sock.sendall(len(payload).to_bytes(4, "big") + kind.encode() + payload)
+
+    def receive(self, deadline: float, doing: str) -> tuple[str, bytes]:
+        head = self._read(5, deadline, doing)
+        size = int.from_bytes(head[:4], "big")
+        if size > MAX_FRAME:
+            raise VMError(f"the guest sent a frame of {size} bytes ({doing}): the guest misbehaves")
+        return chr(head[4]), self._read(size, deadline, doing)
+
+    def _read(self, size: int, deadline: float, doing: str) -> bytes:
+        data = bytearray()
+        while len(data) < size:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.vm.kill()
+                raise self.vm._failure(f"the VM did not answer in time ({doing}); it was killed")
+            self.sock.settimeout(min(left, 1.0))
+            try:
+                chunk = self.sock.recv(size - len(data))
+            except TimeoutError:
+                if not self.vm.alive:
+                    raise self.vm._failure(f"QEMU exited ({doing})") from None
+                continue
+            if not chunk:
+                raise self.vm._failure(f"the agent's channel closed ({doing})")
+            data += chunk
+        return bytes(data)
+
+
+def _process_start(pid: int) -> int | None:
+    """The process's start time (which tells it from a later process given the same pid), or None
+    when it is gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(b")") + 2:].split()
+    return None if fields[0] == b"Z" else int(fields[19])
+
+
+def _qemu_argv(kit: GuestKit, disk: Path, run_dir: Path, limits: VMLimits, accel: str,
+               incoming: Path | None) -> list[str]:
     argv = [
         QEMU, "-M", "microvm,acpi=on,pit=on,pic=on,rtc=on", "-accel", accel,
         "-cpu", "host" if accel == "kvm" else "max", "-smp", str(limits.vcpus), "-m", str(limits.memory_mb),
-        "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+        "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-daemonize",
+        "-pidfile", str(run_dir / "qemu.pid"), "-D", str(run_dir / "qemu.log"),
         "-serial", f"file:{run_dir / 'console.log'}",
-        "-kernel", str(kit.kernel), "-initrd", str(kit.initrd),
-        "-append", _kernel_command_line(accel),
-        "-drive", f"id=disk,file={run_dir / DISK_FILE},format=raw,if=none,cache=writeback,discard=unmap",
+        "-kernel", str(kit.kernel), "-initrd", str(kit.initrd), "-append", _kernel_command_line(accel),
+        "-drive", f"id=disk,file={disk},format=raw,if=none,cache=writeback,discard=unmap",
         "-device", "virtio-blk-device,drive=disk",
         "-device", "virtio-serial-device",
         "-chardev", f"socket,id=agent,path={run_dir / 'agent.sock'},server=on,wait=off",
         "-device", "virtserialport,chardev=agent,name=sprout.agent",
         "-qmp", f"unix:{run_dir / 'qmp.sock'},server=on,wait=off",
-        "-pidfile", str(run_dir / "qemu.pid"),
     ]
     if incoming is not None:
         argv += ["-incoming", f"exec:cat {shlex.quote(str(incoming))}"]
     return argv
-
 
 
 def _kernel_command_line(accel: str) -> str:
@@ -280,3 +359,4 @@ def _host_tsc_khz() -> int:
             if line.startswith("cpu MHz"):
                 return int(float(line.split(":")[1]) * 1000)
     raise VMError("cannot read this host's clock rate from /proc/cpuinfo (needed to emulate a VM)")
+

@@ -128,7 +128,7 @@ def _read_back(sandbox: Sandbox, path: str) -> bytes:
     """The bytes of a regular file in the sandbox (b"" when absent), read in chunks, at most MAX_READ_BYTES."""
     with tempfile.TemporaryDirectory(prefix="sprout-swe-read-") as tmp:
         local = Path(tmp) / "file"
-        return local.read_bytes() if rootfs.copy_out(sandbox.path, path, local, MAX_READ_BYTES) else b""
+        return local.read_bytes() if rootfs.copy_out(sandbox.rootfs, path, local, MAX_READ_BYTES) else b""
 
 
 # ---------------------------------------------------------------- grading
@@ -266,12 +266,12 @@ def _stage(sandbox: Sandbox, tmp: Path, instance: Instance, diff: str) -> None:
     """Writes the patches and the two scripts into the sandbox under WORK (world-writable)."""
     scripts = official_scripts(instance, f"{WORK}/patch.diff" if diff.strip() else None, f"{WORK}/test_patch.diff")
     files = {"patch.diff": diff, "test_patch.diff": instance.test_patch, **scripts, "stdout": "", "stderr": ""}
-    transfer.ensure_dirs(sandbox.path, [WORK], (0, 0))
+    transfer.ensure_dirs(sandbox.rootfs, [WORK], (0, 0))
     for name, text in files.items():
         local = tmp / name
         local.write_bytes(text.encode("utf-8", "surrogateescape"))
         local.chmod(0o666)
-        transfer.upload_file(sandbox.path, local, f"{WORK}/{name}", (0, 0))
+        transfer.upload_file(sandbox.rootfs, local, f"{WORK}/{name}", (0, 0))
 
 
 def _log(sandbox: Sandbox) -> str:
