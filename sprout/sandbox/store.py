@@ -221,13 +221,20 @@ class Sandbox:
 
     def processes(self) -> set[tuple[int, int]]:
         """(pid, start time) of the processes running in the sandbox now."""
+        self._refuse_for_vm("listing its processes from the host")
         profile = self._profile()
         return runtime.processes(profile["cgroup_procs"]) if profile else set()
 
     def kill_processes_since(self, before: set[tuple[int, int]]) -> int:
         """SIGKILLs every process the sandbox started since `before` was taken (see processes())."""
+        self._refuse_for_vm("killing its processes from the host")
         profile = self._profile()
         return runtime.kill_new_processes(profile, before) if profile else 0
+
+    def _refuse_for_vm(self, what: str) -> None:
+        if self.backend == "microvm":
+            raise SandboxStateError(f"sandbox {self.id} is a microVM: {what} is not supported (a command's "
+                                    "timeout kills what it started inside the VM)")
 
     def checkpoint(self, label: str | None = None, *, memory: bool = False) -> Checkpoint:
         """A point-in-time, read-only snapshot of the sandbox's filesystem: its processes are frozen
@@ -362,6 +369,7 @@ class Store:
         if row["n"]:
             raise InUseError(f"image {image.key} is used by {row['n']} sandbox(es)/checkpoint(s)")
         btrfs.delete(image.path)
+        microvm.remove_image_disk(self.root, image.key)
         self.meta.execute("DELETE FROM images WHERE key = ?", image.key)
 
     def images(self) -> list[Image]:
@@ -398,6 +406,8 @@ class Store:
             limits.pop("network_connected", None)
         if kind == "microvm":
             limits |= {"backend": "microvm", "network": False}
+            if from_checkpoint and microvm.has_memory(from_checkpoint.path):
+                microvm.check_resumable(from_checkpoint.limits, limits)
         sandbox_id = _new_id("sb")
         source = from_checkpoint.path if from_checkpoint else image.path
         if not btrfs.is_subvolume(source):
@@ -415,6 +425,7 @@ class Store:
             except BaseException:
                 sandbox.stop()
                 btrfs.delete(sandbox.path)
+                shell.run(["rm", "-rf", str(sandbox.profile_path.parent)], check=False)
                 raise
             self.meta.put_sandbox(sandbox_id, image.key, sandbox.base_checkpoint, sandbox.container, limits, label,
                                   self.owner)

@@ -7,13 +7,14 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from sprout.sandbox import Sandbox, SandboxStateError, Store, StoreError
 from sprout.sandbox.microvm import vm as vm_module
 from sprout.sandbox.microvm.backend import DISK_FILE, MEMORY_FILE
-from sprout.sandbox.microvm.vm import MicroVM, VMError
+from sprout.sandbox.microvm.vm import VMError
 from tests.conftest import PYTHON_IMAGE, removing_what_is_made
 
 SERVER = ("mkdir -p /srv && cd /srv && echo served-from-turn-2 > index.html && "
@@ -22,13 +23,29 @@ FETCH = ("python3 -c \"import urllib.request; "
          "print(urllib.request.urlopen('http://127.0.0.1:8000/').read().decode(), end='')\"")
 
 
+def qemu_processes(store: Store) -> list[int]:
+    """Pids of the QEMU processes running VMs of this store (read from /proc, not from its records)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if args[0].endswith(b"qemu-system-x86_64") and str(store.root / "state").encode() in b" ".join(args):
+            found.append(int(cmdline.parent.name))
+    return found
+
+
 @pytest.fixture(scope="module")
 def vms() -> Iterator[Store]:
-    """A store whose new sandboxes are microVMs (512 MB each); what the module makes is removed."""
+    """A store whose new sandboxes are microVMs (512 MB each); what the module makes is removed, and
+    no QEMU of the store is left running (checked in /proc: the records alone could hide a leak)."""
     with removing_what_is_made(Store(backend="microvm")) as store:
         yield store
-        made = [s for s in store.sandboxes() if s.backend == "microvm"]
-    assert not any(MicroVM.attach(s.profile_path.parent) for s in made)
+    deadline = time.monotonic() + 10
+    while qemu_processes(store) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert qemu_processes(store) == []
 
 
 def new_vm(vms: Store, **kwargs) -> Sandbox:
@@ -59,6 +76,16 @@ def test_a_microvm_sandbox_runs_commands_as_a_container_does(machine):
     assert seen[:2] == [machine.image.config.env["PATH"], "kept"]  # the image's ENV and the sandbox's
     assert seen[2] == machine.id and seen[3] != os.uname().release  # its own hostname and kernel
     assert machine.exec(["python3", "-c", "print(6 * 7)"]).output == "42\n"
+
+
+def test_users_and_groups_resolve_as_for_containers(machine):
+    setup = "groupadd -g 2000 team && groupadd -g 2100 other && useradd -m -u 1500 -G team app"
+    assert machine.exec(setup).exit_code == 0
+    ids = "echo $(id -u) $(id -g) $(id -G)"
+    assert machine.exec(ids, user="app").output == "1500 1500 1500 2000\n"  # with its supplementary group
+    assert machine.exec(ids, user="app:other").output.split()[:2] == ["1500", "2100"]
+    assert machine.exec(ids, user="1500:other").output.split()[:2] == ["1500", "2100"]
+    assert machine.exec(ids, user="4242").output.split() == ["4242", "4242", "4242"]  # no entry
 
 
 def test_an_unknown_user_is_refused_clearly(machine):
@@ -107,6 +134,14 @@ def test_a_server_from_turn_2_answers_in_a_branch_of_turn_3(with_server):
     assert not (branch.path / MEMORY_FILE).exists()  # used once, by the resume
     assert parent.exec(FETCH).output == "served-from-turn-2\n"  # the checkpointed VM runs on
     branch.destroy()
+
+
+def test_a_memory_checkpoint_resumes_only_in_a_vm_of_its_size(vms, with_server):
+    _, checkpoint = with_server
+    before = {s.id for s in vms.sandboxes()}
+    with pytest.raises(StoreError, match="keeps its VM's size"):
+        checkpoint.branch(memory="1g")
+    assert {s.id for s in vms.sandboxes()} == before
 
 
 def test_branches_of_one_memory_image_get_their_own_identity(with_server):
@@ -177,9 +212,11 @@ def test_gc_reaps_a_vm_whose_owner_was_killed(vms):
     os.waitpid(child, 0)
     doomed = [s for s in vms.sandboxes() if s.label == "doomed"]
     assert len(doomed) == 1 and doomed[0].running
+    pid = doomed[0]._vm().pid
     removed = vms.gc()
     assert any(doomed[0].id in line and "dead owner" in line for line in removed), removed
     assert not doomed[0].running and not doomed[0].path.exists()
+    assert pid not in qemu_processes(vms)
 
 
 def test_microvms_refuse_network(vms, machine):

@@ -145,43 +145,83 @@ static void kill_new(const proc_id *before, int before_count) {
     }
 }
 
-/* "name", "uid" or "uid:gid"; names are looked up in the sandbox's /etc/passwd. */
-static int resolve_user(const char *user, uid_t *uid, gid_t *gid) {
-    char *end;
-    unsigned long n = strtoul(user, &end, 10);
-    if (*user && (*end == '\0' || *end == ':')) {
-        *uid = (uid_t)n, *gid = *end == ':' ? (gid_t)strtoul(end + 1, NULL, 10) : (gid_t)n;
-        return 0;
-    }
-    /* the sandbox's files are the agent's: a FIFO or a device here must not block the agent */
-    int fd = open("/etc/passwd", O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+/* A regular file of the sandbox's, opened without blocking: a FIFO or a device must not block PID 1. */
+static FILE *open_regular(const char *path) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     struct stat st;
     if (fd >= 0 && (fstat(fd, &st) || !S_ISREG(st.st_mode))) { close(fd); fd = -1; }
-    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
-    char line[1024];
-    size_t len = strlen(user);
-    while (f && fgets(line, sizeof line, f)) {
-        if (strncmp(line, user, len) || line[len] != ':') continue;
-        char *fields[4] = {0};
-        char *save, *tok = strtok_r(line, ":", &save);
-        for (int i = 0; tok && i < 4; i++, tok = strtok_r(NULL, ":", &save)) fields[i] = tok;
-        if (!fields[3]) break;
-        *uid = (uid_t)strtoul(fields[2], NULL, 10), *gid = (gid_t)strtoul(fields[3], NULL, 10);
-        fclose(f);
-        return 0;
+    return fd >= 0 ? fdopen(fd, "r") : NULL;
+}
+
+/* Finds the line of /etc/passwd or /etc/group whose name is `name`, or (name NULL) whose id field
+ * (field 2) is `id`; splits it at ':' into `fields` (empty fields kept). Returns 0 when found. */
+static int lookup(const char *path, const char *name, unsigned long id, char *line, size_t size,
+                  char **fields, int nfields) {
+    FILE *f = open_regular(path);
+    while (f && fgets(line, (int)size, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        char *rest = line;
+        int n = 0;
+        while (n < nfields && rest) fields[n++] = strsep(&rest, ":");
+        if (n < 3) continue;
+        if (name ? !strcmp(fields[0], name) : strtoul(fields[2], NULL, 10) == id) { fclose(f); return 0; }
     }
     if (f) fclose(f);
     return -1;
 }
 
-static void child(int out, char *cwd, uid_t uid, gid_t gid, char **env, char **argv) {
+static int numeric(const char *text, unsigned long *value) {
+    char *end;
+    *value = strtoul(text, &end, 10);
+    return *text && !*end;
+}
+
+typedef struct { uid_t uid; gid_t gid; gid_t groups[64]; int ngroups; } identity_t;
+
+/* "user[:group]", each a name or a number, as the container backend (sprout/sandbox/users.py) takes
+ * it: names are looked up in the sandbox's /etc/passwd and /etc/group; the user's groups there are its
+ * supplementary groups; a number without an entry has the group of the same number. */
+static int resolve_user(char *spec, identity_t *who) {
+    char line[4096], *fields[7], *group = strchr(spec, ':'), name[256] = "";
+    unsigned long n;
+    if (group) *group++ = '\0';
+    if (numeric(spec, &n)) {
+        who->uid = (uid_t)n, who->gid = (gid_t)n;  /* no entry: the group of the same number */
+        if (!lookup("/etc/passwd", NULL, n, line, sizeof line, fields, 7) && fields[3])
+            who->gid = (gid_t)strtoul(fields[3], NULL, 10), snprintf(name, sizeof name, "%s", fields[0]);
+    } else if (!lookup("/etc/passwd", spec, 0, line, sizeof line, fields, 7) && fields[3]) {
+        who->uid = (uid_t)strtoul(fields[2], NULL, 10), who->gid = (gid_t)strtoul(fields[3], NULL, 10);
+        snprintf(name, sizeof name, "%s", spec);
+    } else if (!strcmp(spec, "root")) {
+        who->uid = 0, who->gid = 0;
+    } else {
+        return -1;
+    }
+    if (group && numeric(group, &n)) who->gid = (gid_t)n;
+    else if (group && !lookup("/etc/group", group, 0, line, sizeof line, fields, 4)) who->gid = (gid_t)strtoul(fields[2], NULL, 10);
+    else if (group) return -1;
+    who->groups[0] = who->gid, who->ngroups = 1;
+    FILE *f = *name ? open_regular("/etc/group") : NULL;
+    while (f && who->ngroups < 64 && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        char *rest = line, *part[4] = {0};
+        for (int i = 0; i < 4 && rest; i++) part[i] = strsep(&rest, ":");
+        for (char *member; part[3] && (member = strsep(&part[3], ","));)
+            if (!strcmp(member, name)) { who->groups[who->ngroups++] = (gid_t)strtoul(part[2], NULL, 10); break; }
+    }
+    if (f) fclose(f);
+    return 0;
+}
+
+static void child(int out, char *cwd, const identity_t *who, char **env, char **argv) {
     setsid();
     sigprocmask(SIG_UNBLOCK, &sigio, NULL);
     int devnull = open("/dev/null", O_RDONLY);
     dup2(devnull, 0), dup2(out, 1), dup2(out, 2);
+    if (devnull > 2) close(devnull);
     signal(SIGPIPE, SIG_DFL);
-    if (setgroups(1, &gid) || setgid(gid) || setuid(uid)) {
-        dprintf(2, "sprout-agent: cannot become %u:%u: %s\n", uid, gid, strerror(errno));
+    if (setgroups((size_t)who->ngroups, who->groups) || setgid(who->gid) || setuid(who->uid)) {
+        dprintf(2, "sprout-agent: cannot become %u:%u: %s\n", who->uid, who->gid, strerror(errno));
         _exit(126);
     }
     if (chdir(cwd)) {
@@ -219,19 +259,22 @@ static int stream(int out, long long deadline) {
 static void run(char *payload, uint32_t len) {
     char *fields[4096];
     int count = 0;
-    for (char *p = payload; p < payload + len && count < 4095; p += strlen(p) + 1) fields[count++] = p;
+    char *p = payload;
+    for (; p < payload + len && count < 4095; p += strlen(p) + 1) fields[count++] = p;
     fields[count] = NULL;
     int envc = count >= 4 ? atoi(fields[3]) : -1;
-    if (envc < 0 || 4 + envc >= count) { send_text('!', "malformed run request"); return; }
-    uid_t uid;
-    gid_t gid;
-    if (resolve_user(fields[1], &uid, &gid)) {
+    if (p < payload + len || envc < 0 || 4 + envc >= count) { send_text('!', "malformed run request"); return; }
+    identity_t who;
+    char user[256];
+    snprintf(user, sizeof user, "%s", fields[1]);
+    if (resolve_user(user, &who)) {
         char msg[300];
         snprintf(msg, sizeof msg, "unknown user %.200s in this sandbox", fields[1]);
         send_text('!', msg);
         return;
     }
     char **env = calloc((size_t)envc + 1, sizeof *env);
+    if (!env) { send_text('!', "out of memory"); return; }
     memcpy(env, fields + 4, (size_t)envc * sizeof *env);
     int pipefd[2];
     if (pipe2(pipefd, O_CLOEXEC)) { send_text('!', "pipe failed"); free(env); return; }
@@ -240,19 +283,25 @@ static void run(char *payload, uint32_t len) {
     int before_count = list_procs(before);
     running_status = -1;
     running = fork();
-    if (running == 0) child(pipefd[1], fields[0], uid, gid, env, fields + 4 + envc);
+    if (running == 0) child(pipefd[1], fields[0], &who, env, fields + 4 + envc);
     close(pipefd[1]);
     free(env);
-    int timed_out = running > 0 && stream(pipefd[0], deadline);
+    if (running < 0) {
+        running = 0;
+        close(pipefd[0]);
+        send_text('!', "fork failed");
+        return;
+    }
+    int timed_out = stream(pipefd[0], deadline);
     if (timed_out || running_status < 0) {
         kill(-running, SIGKILL);
         kill_new(before, before_count);
     }
-    while (running > 0 && running_status < 0) { usleep(2000); reap(); }
+    while (running_status < 0) { usleep(2000); reap(); }
     close(pipefd[0]);
     int st = running_status, code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
     char result[64];
-    snprintf(result, sizeof result, "%d %d", running > 0 ? code : 127, timed_out);
+    snprintf(result, sizeof result, "%d %d", code, timed_out);
     running = 0;
     send_text('x', result);
 }
@@ -274,10 +323,10 @@ static void write_file(const char *path, const char *text) {
 
 /* A branch of a memory image must not share its parent's identity or random state. */
 static void identity(char *payload, uint32_t len) {
-    char *hostname = payload, *machine_id = hostname + strlen(hostname) + 1;
-    char *seed = machine_id + strlen(machine_id) + 1;
-    if (seed > payload + len) { send_text('!', "malformed identity request"); return; }
-    int seed_len = (int)(payload + len - seed);
+    char *end = payload + len, *hostname = payload, *machine_id = memchr(hostname, '\0', len), *seed = NULL;
+    if (machine_id) machine_id++, seed = memchr(machine_id, '\0', (size_t)(end - machine_id));
+    if (!seed++) { send_text('!', "malformed identity request"); return; }
+    int seed_len = (int)(end - seed);
     sethostname(hostname, strlen(hostname));
     write_file("/etc/hostname", hostname);
     write_file("/etc/machine-id", machine_id);
@@ -326,8 +375,15 @@ int main(int argc, char **argv) {
         unsigned char head[5];
         read_full(head, 5);
         uint32_t len = (uint32_t)head[0] << 24 | head[1] << 16 | head[2] << 8 | head[3];
-        if (len > MAX_FRAME) die("frame too large");
-        char *payload = malloc(len + 1);
+        char *payload = malloc(len > MAX_FRAME ? 65536 : len + 1);
+        if (!payload) die("out of memory");
+        if (len > MAX_FRAME) {  /* the host never sends these: read it away and refuse it */
+            for (uint32_t left = len; left; left -= left < 65536 ? left : 65536)
+                read_full(payload, left < 65536 ? left : 65536);
+            send_text('!', "request too large");
+            free(payload);
+            continue;
+        }
         read_full(payload, len);
         payload[len] = '\0';
         switch (head[4]) {

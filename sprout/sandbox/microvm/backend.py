@@ -27,15 +27,26 @@ def accelerator() -> tuple[str, str]:
     return choose_accel(os.environ.get(ACCEL_VARIABLE, "auto"))
 
 
+def _image_disk_path(store_root: Path, image_key: str) -> Path:
+    return store_root / "microvm" / "images" / f"{image_key}.img"
+
+
 def image_disk(store_root: Path, image_key: str, rootfs: Path) -> Path:
     """The image's rootfs as a disk file, written on first use (under a lock: one writer)."""
-    disk = store_root / "microvm" / "images" / f"{image_key}.img"
+    disk = _image_disk_path(store_root, image_key)
     disk.parent.mkdir(parents=True, exist_ok=True)
     with open(disk.with_name(f".{image_key}.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not disk.exists():
             make_disk(rootfs, disk)
     return disk
+
+
+def remove_image_disk(store_root: Path, image_key: str) -> None:
+    """With its image (sandboxes and checkpoints hold their own reflinks of it)."""
+    disk = _image_disk_path(store_root, image_key)
+    disk.unlink(missing_ok=True)
+    disk.with_name(f".{image_key}.lock").unlink(missing_ok=True)
 
 
 def create_subvolume(store_root: Path, image_key: str, rootfs: Path, dest: Path) -> None:
@@ -51,8 +62,7 @@ def create_subvolume(store_root: Path, image_key: str, rootfs: Path, dest: Path)
 
 def vm_limits(limits: dict) -> VMLimits:
     """vCPUs and memory from the sandbox's limits (`cpus`, `memory` as podman spells them)."""
-    cpus = limits.get("cpus")
-    memory = limits.get("vm_memory") or limits.get("memory")
+    cpus, memory = limits.get("cpus"), limits.get("memory")
     return VMLimits(vcpus=max(1, int(-(-float(cpus) // 1))) if cpus else 1,
                     memory_mb=_megabytes(memory) if memory else DEFAULT_MEMORY_MB)
 
@@ -63,6 +73,17 @@ def _megabytes(size: str | int) -> int:
         raise StoreError(f"cannot read the memory limit {size!r} (use e.g. 512m or 2g)")
     number, unit = int(match.group(1)), match.group(2)
     return max(64, number * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[unit] >> 20)
+
+
+def has_memory(checkpoint: Path) -> bool:
+    return (checkpoint / MEMORY_FILE).exists()
+
+
+def check_resumable(saved: dict, asked: dict) -> None:
+    """A memory image resumes only in a VM of its own size: refuses other vCPUs or memory clearly."""
+    if vm_limits(saved) != vm_limits(asked):
+        raise StoreError(f"a branch of a checkpoint with memory keeps its VM's size ({vm_limits(saved)}); "
+                         f"it cannot resume with {vm_limits(asked)}")
 
 
 def start(store_root: Path, subvolume: Path, run_dir: Path, limits: dict, hostname: str) -> MicroVM:

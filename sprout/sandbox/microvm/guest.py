@@ -67,13 +67,27 @@ def guest_kit(store_root: Path) -> GuestKit:
     if not BUSYBOX.exists():
         raise GuestError("no static busybox: install Debian's busybox-static (ops/setup_podman.sh does)")
     digest = hashlib.sha256()
-    for part in (kernel.name.encode(), AGENT_SOURCE.read_bytes(), Path(__file__).read_bytes(), BUSYBOX.read_bytes()):
+    for part in (_identity(kernel), AGENT_SOURCE.read_bytes(), Path(__file__).read_bytes(), _identity(BUSYBOX)):
         digest.update(hashlib.sha256(part).digest())
     kit_dir = store_root / "microvm" / "kits" / digest.hexdigest()[:16]
     kit = GuestKit(kernel=kit_dir / "vmlinuz", initrd=kit_dir / "initrd.img")
     if not kit.initrd.exists():
         _build_kit(kit_dir, kernel, modules)
+        _remove_other_kits(kit_dir)
     return kit
+
+
+def _identity(path: Path) -> bytes:
+    """What tells a file's versions apart without reading it (a package upgrade changes them)."""
+    info = path.stat()
+    return f"{path}:{info.st_size}:{info.st_mtime_ns}".encode()
+
+
+def _remove_other_kits(current: Path) -> None:
+    """Kits of an older kernel or agent: running VMs loaded theirs at start and no longer need them."""
+    for kit in current.parent.iterdir():
+        if kit != current and not kit.name.startswith("tmp"):
+            shutil.rmtree(kit, ignore_errors=True)
 
 
 def _build_kit(kit_dir: Path, kernel: Path, modules: Path) -> None:
@@ -94,8 +108,11 @@ def _build_kit(kit_dir: Path, kernel: Path, modules: Path) -> None:
         staged = Path(work) / "kit"
         staged.mkdir()
         (staged / "vmlinuz").write_bytes(_uncompressed(kernel.read_bytes()))
-        archive = subprocess.run("find . | LC_ALL=C sort | cpio -o -H newc --quiet", shell=True, cwd=tree,
-                                 capture_output=True, check=True).stdout
+        packed = subprocess.run("find . | LC_ALL=C sort | cpio -o -H newc --quiet", shell=True, cwd=tree,
+                                capture_output=True)
+        if packed.returncode != 0:
+            raise GuestError(f"packing the initramfs failed (is cpio installed?): {packed.stderr.decode().strip()}")
+        archive = packed.stdout
         (staged / "initrd.img").write_bytes(gzip.compress(archive, compresslevel=1))
         try:
             staged.rename(kit_dir)
@@ -134,8 +151,10 @@ def _compile_agent(dest: Path) -> None:
 def make_disk(rootfs: Path, dest: Path) -> None:
     """Writes `rootfs` (a directory) as a sparse ext4 file with room to grow; owners, modes and
     links are kept. Done once per image: sandboxes get reflinks of it (`clone_file`)."""
-    used = int(subprocess.run(["du", "-sb", str(rootfs)], capture_output=True, text=True,
-                              check=True).stdout.split()[0])
+    counted = subprocess.run(["du", "-sb", str(rootfs)], capture_output=True, text=True)
+    if counted.returncode != 0:
+        raise GuestError(f"cannot measure {rootfs}: {counted.stderr.strip()}")
+    used = int(counted.stdout.split()[0])
     size_mb = (used * 3 // 2 + DISK_HEADROOM_BYTES) >> 20
     partial = dest.with_name(dest.name + ".partial")
     result = subprocess.run(["mkfs.ext4", "-q", "-F", "-L", "sprout", "-d", str(rootfs), str(partial),

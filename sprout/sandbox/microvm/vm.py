@@ -4,7 +4,7 @@
 QEMU daemonizes, so a VM outlives the process that started it (as a container outlives podman) and
 any process can drive it. Its run directory holds qmp.sock, agent.sock, vm.json (pid, start time,
 accelerator), qemu.log and console.log. Each operation connects, holds the run directory's lock
-(the agent serves one request at a time) and disconnects.
+for that channel (the agent serves one request at a time) and disconnects.
 """
 
 import fcntl
@@ -18,26 +18,32 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from qemu.qmp import QMPError
 from qemu.qmp.legacy import QEMUMonitorProtocol
 
 from ..errors import SproutError
 from ..execution import DEFAULT_MAX_OUTPUT, TIMEOUT_EXIT_CODE, CappedReader, ExecResult
+from .channel import Channel, ChannelError, ChannelTimeout, frame
 from .guest import GuestKit
 
 QEMU = "qemu-system-x86_64"
 BOOT_TIMEOUT_S = {"kvm": 30.0, "tcg": 120.0}
 ANSWER_GRACE_S = 15.0  # how long past a command's own timeout the agent may take to report it
 REQUEST_TIMEOUT_S = 60.0
-MAX_FRAME = 16 << 20  # the agent's frames are far smaller; a larger length is a guest misbehaving
-CONSOLE_TAIL_BYTES = 2000
+NO_DEADLINE_S = 365 * 86400.0
+QMP_TIMEOUT_S = 60.0
+MIGRATE_TIMEOUT_S = 600.0
+KILL_WAIT_S = 10.0
+MAX_FIELDS = 4000  # the agent reads at most 4095 NUL-separated fields per command
+LOG_TAIL_BYTES = 2000
 
 
 class VMError(SproutError):
-    """A VM failed to boot, restore or answer; the message carries the end of its console."""
+    """A VM failed to boot, restore or answer; the message carries the end of its logs."""
 
 
 @dataclass(frozen=True)
@@ -76,35 +82,43 @@ class MicroVM:
         that memory image (saved with the same disk) instead of booting its kernel."""
         chosen, _ = choose_accel(accel)
         run_dir.mkdir(parents=True, exist_ok=True)
-        for name in ("qmp.sock", "agent.sock", "console.log", "qemu.pid", "vm.json"):
-            (run_dir / name).unlink(missing_ok=True)
-        started = subprocess.run(_qemu_argv(kit, disk, run_dir, limits, chosen, incoming),
-                                 stdin=subprocess.DEVNULL, capture_output=True, text=True)
-        if started.returncode != 0:
-            raise VMError(f"QEMU did not start: {started.stderr.strip()}")
-        pid = int((run_dir / "qemu.pid").read_text())
-        (run_dir / "vm.json").write_text(json.dumps({"pid": pid, "start": _process_start(pid), "accel": chosen}))
-        vm = cls(run_dir, pid, chosen)
-        try:
-            deadline = time.monotonic() + BOOT_TIMEOUT_S[chosen]
-            if incoming is not None:
-                vm._resume_incoming(deadline)
-            with vm._agent(deadline):
-                pass
-            vm._silence_console()
-        except BaseException:
-            vm.kill()
-            raise
+        with _locked(run_dir, "boot"):
+            if MicroVM.attach(run_dir) is not None:
+                raise VMError(f"a VM already runs in {run_dir}")
+            for name in ("qmp.sock", "agent.sock", "console.log", "qemu.pid", "vm.json"):
+                (run_dir / name).unlink(missing_ok=True)
+            started = subprocess.run(_qemu_argv(kit, disk, run_dir, limits, chosen, incoming),
+                                     stdin=subprocess.DEVNULL, capture_output=True, text=True)
+            if started.returncode != 0:
+                raise VMError(f"QEMU did not start: {started.stderr.strip()}")
+            vm = cls(run_dir, int((run_dir / "qemu.pid").read_text()), chosen)
+            try:
+                vm._started(incoming is not None, BOOT_TIMEOUT_S[chosen])
+            except BaseException:
+                vm.kill()
+                raise
         return vm
+
+    def _started(self, incoming: bool, timeout_s: float) -> None:
+        start = _process_start(self.pid)
+        if start is None:
+            raise self._failure("QEMU exited as it started")
+        (self.run_dir / "vm.json").write_text(json.dumps({"pid": self.pid, "start": start, "accel": self.accel}))
+        deadline = time.monotonic() + timeout_s
+        if incoming:
+            self._resume_incoming(deadline)
+        with self._agent(deadline - time.monotonic()):
+            pass
+        self._silence_console()
 
     @classmethod
     def attach(cls, run_dir: Path) -> "MicroVM | None":
         """The VM running in `run_dir`, or None when it is not running."""
         try:
             state = json.loads((run_dir / "vm.json").read_text())
-            if _process_start(state["pid"]) == state["start"]:
+            if state["start"] is not None and _process_start(state["pid"]) == state["start"]:
                 return cls(run_dir, state["pid"], state["accel"])
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, TypeError):
             pass
         return None
 
@@ -116,14 +130,15 @@ class MicroVM:
 
     @contextmanager
     def _qmp(self) -> Iterator[QEMUMonitorProtocol]:
-        with self._locked("qmp"):
+        """QEMU's monitor, one client at a time; its errors become VMErrors with the VM's logs."""
+        with _locked(self.run_dir, "qmp"):
             monitor = QEMUMonitorProtocol(str(self.run_dir / "qmp.sock"))
             try:
                 monitor.connect()
-            except OSError as e:
-                raise self._failure(f"cannot reach QEMU's monitor: {e}") from None
-            try:
+                monitor.settimeout(QMP_TIMEOUT_S)
                 yield monitor
+            except (QMPError, OSError, EOFError) as e:
+                raise self._failure(f"QEMU's monitor failed: {type(e).__name__}: {e}") from None
             finally:
                 monitor.close()
 
@@ -145,18 +160,22 @@ class MicroVM:
         caller snapshots the disk there), writes RAM and device state to `dest` with QEMU's migration
         stream, and resumes it. The disk snapshot and `dest` describe the same instant."""
         self._request("S")
-        with self._locked("snapshot"), self._qmp() as qmp:
+        with _locked(self.run_dir, "snapshot"), self._qmp() as qmp:
             qmp.cmd("stop")
             try:
                 while_paused()
                 qmp.cmd("migrate-set-parameters", **{"max-bandwidth": 1 << 40})
                 qmp.cmd("migrate", uri=f"exec:cat > {shlex.quote(str(dest))}")
+                deadline = time.monotonic() + MIGRATE_TIMEOUT_S
                 while (status := qmp.cmd("query-migrate")).get("status") != "completed":
-                    if status.get("status") in ("failed", "cancelled"):
+                    if status.get("status") in ("failed", "cancelled") or time.monotonic() > deadline:
                         raise VMError(f"saving the VM's memory failed: {status.get('error-desc', status)}")
                     time.sleep(0.01)
-            finally:
-                qmp.cmd("cont")
+            except BaseException:
+                with suppress(QMPError, OSError, EOFError):
+                    qmp.cmd("cont")
+                raise
+            qmp.cmd("cont")
 
     def _silence_console(self) -> None:
         """Once the agent answers, the serial console (the boot's log) stops being written: root in the
@@ -172,47 +191,58 @@ class MicroVM:
     # ---------------------------------------------------------------- the agent
 
     @contextmanager
-    def _agent(self, deadline: float) -> Iterator["_Channel"]:
-        """A connection to the agent, checked with a ping whose token it echoes: frames a previous
-        client left unread (its command outlived it) are skipped."""
-        self._wait_for(self.run_dir / "agent.sock", deadline)
-        with self._locked("agent"):
+    def _agent(self, within_s: float) -> Iterator[Channel]:
+        """A connection to the agent, one client at a time, checked with a ping whose token it echoes
+        within `within_s` of getting the connection: what a previous client left unread is skipped.
+        A guest that does not answer in time is killed."""
+        with _locked(self.run_dir, "agent"):
+            deadline = time.monotonic() + within_s
+            self._wait_for(self.run_dir / "agent.sock", deadline)
             sock = socket.socket(socket.AF_UNIX)
             try:
                 sock.connect(str(self.run_dir / "agent.sock"))
-                channel = _Channel(self, sock)
+                channel = Channel(sock, lambda: self.alive)
                 token = secrets.token_hex(8).encode()
                 channel.send("P", token)
-                while channel.receive(deadline, "waiting for the agent") != ("k", token):
-                    pass
+                channel.skip_to(frame("k", token), deadline, "waiting for the agent")
                 yield channel
+            except ChannelTimeout as e:
+                self.kill()
+                raise self._failure(f"{e}; it was killed") from None
+            except (ChannelError, OSError) as e:
+                raise self._failure(str(e)) from None
             finally:
                 sock.close()
 
-    def _request(self, kind: str, payload: bytes = b"") -> None:
-        deadline = time.monotonic() + REQUEST_TIMEOUT_S
-        with self._agent(deadline) as channel:
-            channel.send(kind, payload)
-            answer, body = channel.receive(deadline, f"request {kind}")
+    def _ask(self, channel: Channel, kind: str, payload: bytes = b"") -> None:
+        channel.send(kind, payload)
+        answer, body = channel.receive(time.monotonic() + REQUEST_TIMEOUT_S, f"request {kind}")
         if answer != "k":
-            raise VMError(f"the guest agent refused: {body.decode(errors='replace')}")
+            raise VMError(f"the guest agent refused: {body.decode(errors='replace')[:500]}")
+
+    def _request(self, kind: str, payload: bytes = b"") -> None:
+        with self._agent(REQUEST_TIMEOUT_S) as channel:
+            self._ask(channel, kind, payload)
 
     def exec(self, argv: list[str], *, cwd: str = "/", env: dict[str, str] | None = None, user: str = "0",
              timeout: float | None = None, max_output: int = DEFAULT_MAX_OUTPUT) -> ExecResult:
         """Runs argv in the guest; stdout and stderr merged and capped as the container backend does."""
         env = env or {}
-        fields = [cwd, user, str(int(timeout * 1000) if timeout else 0), str(len(env)),
-                  *(f"{k}={v}" for k, v in env.items()), *argv]
+        timeout_ms = 0 if timeout is None else max(1, int(timeout * 1000))
+        fields = [cwd, user, str(timeout_ms), str(len(env)), *(f"{k}={v}" for k, v in env.items()), *argv]
         if any("\0" in field for field in fields):
             raise VMError("a command, its cwd, user or environment contains a NUL byte")
-        started = time.monotonic()
-        deadline = started + (timeout + ANSWER_GRACE_S if timeout else 365 * 86400.0)
+        if len(fields) > MAX_FIELDS:
+            raise VMError(f"{len(fields)} arguments and environment variables: the agent takes {MAX_FIELDS}")
         reader = CappedReader(max_output)
-        with self._agent(min(deadline, started + REQUEST_TIMEOUT_S)) as channel:
+        allowed = timeout + ANSWER_GRACE_S if timeout is not None else NO_DEADLINE_S
+        with self._agent(min(allowed, REQUEST_TIMEOUT_S)) as channel:
+            started = time.monotonic()
+            deadline = started + allowed
             channel.send("R", b"\0".join(f.encode() for f in fields) + b"\0")
-            while (frame := channel.receive(deadline, "running a command"))[0] == "o":
-                reader.feed(frame[1])
-        kind, body = frame
+            while (received := channel.receive(deadline, "running a command"))[0] == "o":
+                reader.feed(received[1])
+        kind, body = received
         if kind != "x":
             raise VMError(f"the guest agent refused the command: {body.decode(errors='replace')[:500]}")
         try:
@@ -225,14 +255,15 @@ class MicroVM:
 
     @contextmanager
     def frozen(self) -> Iterator[None]:
-        """The guest's root filesystem flushed and frozen (FIFREEZE) while the body runs; one freeze at
-        a time (a second FIFREEZE would fail, and the first thaw would end both)."""
-        with self._locked("snapshot"):
-            self._request("F")
+        """The guest's root filesystem flushed and frozen (FIFREEZE) while the body runs. The agent's
+        connection is held throughout: no command starts (and blocks on the frozen filesystem)
+        between the freeze and the thaw."""
+        with _locked(self.run_dir, "snapshot"), self._agent(REQUEST_TIMEOUT_S) as channel:
+            self._ask(channel, "F")
             try:
                 yield
             finally:
-                self._request("T")
+                self._ask(channel, "T")
 
     def set_identity(self, hostname: str, machine_id: str | None = None) -> None:
         """A new hostname, machine id and 32 bytes of entropy, credited and reseeded at once: what a
@@ -244,72 +275,45 @@ class MicroVM:
 
     def kill(self) -> None:
         """Stops the VM at once (its disk stays as it is)."""
-        if self.alive:
-            os.kill(self.pid, signal.SIGKILL)
-            while self.alive:
+        if _process_start(self.pid) is not None:
+            with suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            deadline = time.monotonic() + KILL_WAIT_S
+            while _process_start(self.pid) is not None and time.monotonic() < deadline:
                 time.sleep(0.01)
         for name in ("qmp.sock", "agent.sock", "vm.json"):
             (self.run_dir / name).unlink(missing_ok=True)
 
     # ---------------------------------------------------------------- helpers
 
-    @contextmanager
-    def _locked(self, name: str) -> Iterator[None]:
-        with open(self.run_dir / f"{name}.lock", "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            yield
-
     def _wait_for(self, path: Path, deadline: float) -> None:
         while not path.exists():
-            if not self.alive:
+            if _process_start(self.pid) is None:
                 raise self._failure("QEMU exited")
             if time.monotonic() > deadline:
                 raise self._failure(f"QEMU did not open {path.name}")
             time.sleep(0.02)
 
     def _failure(self, what: str) -> VMError:
-        console = self.run_dir / "console.log"
-        tail = console.read_bytes()[-CONSOLE_TAIL_BYTES:].decode(errors="replace") if console.exists() else ""
-        log = self.run_dir / "qemu.log"
-        qemu = log.read_text(errors="replace").strip() if log.exists() else ""
+        qemu, console = _tail(self.run_dir / "qemu.log").strip(), _tail(self.run_dir / "console.log")
         return VMError(f"{what} (accelerator {self.accel}; {self.run_dir})"
-                       + (f"\nQEMU: {qemu}" if qemu else "") + (f"\nconsole:\n{tail}" if tail else ""))
+                       + (f"\nQEMU: {qemu}" if qemu else "") + (f"\nconsole:\n{console}" if console else ""))
 
 
-class _Channel:
-    """Frames over the agent's socket: 4-byte big-endian length, a type byte, the payload."""
+@contextmanager
+def _locked(run_dir: Path, name: str) -> Iterator[None]:
+    with open(run_dir / f"{name}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
-    def __init__(self, vm: MicroVM, sock: socket.socket):
-        self.vm, self.sock = vm, sock
 
-    def send(self, kind: str, payload: bytes = b"") -> None:
-        self.sock.sendall(len(payload).to_bytes(4, "big") + kind.encode() + payload)
-
-    def receive(self, deadline: float, doing: str) -> tuple[str, bytes]:
-        head = self._read(5, deadline, doing)
-        size = int.from_bytes(head[:4], "big")
-        if size > MAX_FRAME:
-            raise VMError(f"the guest sent a frame of {size} bytes ({doing}): the guest misbehaves")
-        return chr(head[4]), self._read(size, deadline, doing)
-
-    def _read(self, size: int, deadline: float, doing: str) -> bytes:
-        data = bytearray()
-        while len(data) < size:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.vm.kill()
-                raise self.vm._failure(f"the VM did not answer in time ({doing}); it was killed")
-            self.sock.settimeout(min(left, 1.0))
-            try:
-                chunk = self.sock.recv(size - len(data))
-            except TimeoutError:
-                if not self.vm.alive:
-                    raise self.vm._failure(f"QEMU exited ({doing})") from None
-                continue
-            if not chunk:
-                raise self.vm._failure(f"the agent's channel closed ({doing})")
-            data += chunk
-        return bytes(data)
+def _tail(path: Path) -> str:
+    try:
+        with open(path, "rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+            return log.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _process_start(pid: int) -> int | None:
