@@ -136,40 +136,46 @@ def _runtime_bin(runtime_bin: Path) -> Check:
 
 
 def _smoke(store: Store, runtime_bin: Path | None) -> Check:
-    """Creates a sandbox, runs a command, checkpoints, branches, destroys; reports each step's time."""
-    timings: dict[str, float] = {}
-    sandboxes = []
+    via = "sprout-runtime" if runtime_bin else "podman exec"
+    return round_trip("smoke test", Store(store.root, runtime_bin=runtime_bin), f"exec via {via}")
 
-    def timed(name: str, fn: Callable):
+
+def round_trip(name: str, store: Store, detail: str, *, first: str = "create", save_memory: bool = False,
+               **create) -> Check:
+    """Creates a sandbox (`create`: create_sandbox's options; `first` names that step), runs a command,
+    checkpoints it (with its memory when asked), branches, destroys; reports each step's time."""
+    timings: dict[str, float] = {}
+    sandboxes, checkpoint = [], None
+
+    def timed(step: str, fn: Callable):
         started = time.perf_counter()
         value = fn()
-        timings[name] = (time.perf_counter() - started) * 1000
+        timings[step] = (time.perf_counter() - started) * 1000
         return value
 
     try:
-        smoke_store = Store(store.root, runtime_bin=runtime_bin)
-        image = smoke_store.image(RECIPES[-1].tags[0])
-        sandbox = timed("create", lambda: smoke_store.create_sandbox(image, label="doctor"))
+        image = store.image(RECIPES[-1].tags[0])
+        sandbox = timed(first, lambda: store.create_sandbox(image, label="doctor", **create))
         sandboxes.append(sandbox)
         result = timed("exec", lambda: sandbox.exec("echo sprout > /tmp/doctor && cat /tmp/doctor"))
         if result.exit_code != 0 or result.output.strip() != "sprout":
-            return Check("smoke test", False, f"exec gave exit {result.exit_code}: {result.output.strip()[:200]}")
-        checkpoint = timed("checkpoint", lambda: sandbox.checkpoint(label="doctor"))
+            return Check(name, False, f"exec gave exit {result.exit_code}: {result.output.strip()[:200]}")
+        checkpoint = timed("checkpoint", lambda: sandbox.checkpoint(label="doctor", memory=save_memory))
         branch = timed("branch", checkpoint.branch)
         sandboxes.append(branch)
         seen = branch.exec("cat /tmp/doctor").output.strip()
         if seen != "sprout":
-            return Check("smoke test", False, f"the branch does not see the checkpoint's file (got {seen!r})")
+            return Check(name, False, f"the branch does not see the checkpoint's file (got {seen!r})")
         timed("destroy", lambda: [s.destroy() for s in sandboxes])
         sandboxes.clear()
-        smoke_store.remove_checkpoint(checkpoint.id)
     except SproutError as e:
-        return Check("smoke test", False, str(e))
+        return Check(name, False, str(e))
     finally:
         for s in sandboxes:
             s.destroy()
-    via = "sprout-runtime" if runtime_bin else "podman exec"
-    return Check("smoke test", True, f"exec via {via}: " + ", ".join(f"{k} {v:.0f} ms" for k, v in timings.items()))
+        if checkpoint is not None:
+            store.remove_checkpoint(checkpoint.id, force=True)
+    return Check(name, True, f"{detail}: " + ", ".join(f"{k} {v:.0f} ms" for k, v in timings.items()))
 
 
 def _litellm_proxy() -> Check | None:
