@@ -42,6 +42,7 @@ from ..runstore.endpoints import check_name
 from ..sandbox import Store, trust
 from ..sandbox.errors import SproutError
 from ..sandbox.slots import SLOTS_ENV, host_slot_count
+from ..sandbox.store import BACKEND_HELP, BACKENDS
 from ..tasks import ensure_image, load_task
 from ..tasks.pull import PULL_HELP, PULL_POLICIES
 from ..worker.remote import RunStoreBackend, configured_client
@@ -110,6 +111,7 @@ def add_arguments(group, *, single_task: bool = True) -> list[argparse.Action]:
     add("--runtime-bin", type=Path,
         help="run commands through this sprout-runtime (default: $SPROUT_RUNTIME_BIN, else podman exec)")
     add("--store", type=Path, help="btrfs store (default: $SPROUT_STORE or ~/sprout-btrfs)")
+    add("--backend", choices=BACKENDS, default="container", help=BACKEND_HELP)
     add("--pull", choices=PULL_POLICIES, default=None, help=PULL_HELP)
     add("--keep-checkpoints", action="store_true",
         help="keep the attempts' checkpoints after a finished evaluation (to branch from them later)")
@@ -204,7 +206,7 @@ def evaluate(args: argparse.Namespace) -> EvaluationSummary:
         command_timeout_s=args.command_timeout, review_retries=args.review_retries, seed=args.seed,
         commit=source.commit, wave=_wave(args.method, args.branches, args.parallel))
     config, args.parallel = _recorded_wave(args.output, config, args.parallel)
-    store = Store(args.store, runtime_bin=args.runtime_bin)
+    store = Store(args.store, runtime_bin=args.runtime_bin, backend=args.backend)
     previous = _open_output(args.output, config, store, overwrite=args.overwrite)
     if previous is not None and previous.status in ("solved", "unsolved"):
         console.print(f"{args.output}: already finished ({previous.status}); nothing to do")
@@ -246,7 +248,7 @@ def evaluate(args: argparse.Namespace) -> EvaluationSummary:
     else:
         group_id = f"eval-{pinning.task}-{uuid.uuid4().hex[:8]}"
         backend = RunStoreBackend(client, task_dir=args.task_dir, group_id=group_id,
-                                  affinity_timeout_s=args.affinity_timeout)
+                                  affinity_timeout_s=args.affinity_timeout, backend=args.backend)
         summary.runstore = client.url
         console.print(f"  running as Run Store jobs at {client.url} (group {backend.group_id})", markup=False)
     reviewer = ReviewerConfig(model=config.review_model, endpoint=review_endpoint, retries=args.review_retries,

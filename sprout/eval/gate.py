@@ -26,6 +26,7 @@ from rich.table import Table
 from ..console import console, run_cli
 from ..sandbox import SproutError, Store
 from ..sandbox.slots import HostSlots
+from ..sandbox.store import BACKEND_HELP, BACKENDS
 from ..tasks import load_tasks, task_name
 from ..tasks.dataset import TaskIds, TaskIdsFile, describe, load_task_ids
 from ..tasks.gate import Attempt, TaskGate, gate_task
@@ -57,7 +58,7 @@ def _error_result(name: str, reason: str, output: Path) -> TaskGate:
 
 def run_gate(tasks_dir: Path, output: Path, *, workers: int, only: list[str] | None = None,
              task_ids: TaskIds | None = None, no_build_cache: bool = False, store_root: Path | None = None,
-             runtime_bin: Path | None = None, pull: PullPolicy | None = None,
+             runtime_bin: Path | None = None, pull: PullPolicy | None = None, backend: str = "container",
              progress: Progress | None = None) -> GateSummary:
     """Gates every task of a dataset (those in `only`, or in `task_ids`) with a bounded pool of `workers`
     threads; writes output/summary.json."""
@@ -71,7 +72,7 @@ def run_gate(tasks_dir: Path, output: Path, *, workers: int, only: list[str] | N
     output.mkdir(parents=True, exist_ok=True)
     client = configured_client()  # a Run Store: each task becomes a `gate` job for its workers
     if client is None:
-        store_root = Store(store_root, runtime_bin=runtime_bin).root  # fails early and clearly without a store
+        store_root = Store(store_root, runtime_bin=runtime_bin, backend=backend).root  # fails early and clearly without a store
     rebuild_before = time.time() if no_build_cache else None
     group_id = f"gate-{uuid.uuid4().hex[:12]}"
     results = []
@@ -91,10 +92,11 @@ def run_gate(tasks_dir: Path, output: Path, *, workers: int, only: list[str] | N
             if client is not None:
                 on_phase("queued as a Run Store job")
                 payload = GatePayload(task_dir=str(Path(task.task_dir).resolve()), pull=pull,
-                                      log_dir=str((output / task_name(task)).resolve()), rebuild_before=rebuild_before)
+                                      log_dir=str((output / task_name(task)).resolve()), rebuild_before=rebuild_before,
+                                      backend=backend)
                 result = run_job(client, payload, group_id=group_id)
                 return TaskGate.model_validate(result)
-            store = Store(store_root, runtime_bin=runtime_bin)  # one per thread: its SQLite connection too
+            store = Store(store_root, runtime_bin=runtime_bin, backend=backend)  # one per thread: its SQLite connection too
             with HostSlots(store.root).hold(on_wait=lambda: on_phase("waiting for a free slot on this host")):
                 return asyncio.run(gate_task(store, task, output / task_name(task), rebuild_before=rebuild_before,
                                              pull=pull, on_phase=on_phase))
@@ -173,6 +175,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--runtime-bin", type=Path, default=None,
                    help="run commands through this sprout-runtime (default: $SPROUT_RUNTIME_BIN, else podman exec)")
     p.add_argument("--store", type=Path, default=None, help="btrfs store (default: $SPROUT_STORE or ~/sprout-btrfs)")
+    p.add_argument("--backend", choices=BACKENDS, default="container", help=BACKEND_HELP)
     return p
 
 
@@ -188,7 +191,8 @@ def main(argv: list[str]) -> int:
     with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
         summary = run_gate(args.tasks_dir, args.output, workers=args.workers, only=only, task_ids=task_ids,
                            no_build_cache=args.no_build_cache, store_root=args.store,
-                           runtime_bin=args.runtime_bin, pull=pull_policy(args.pull), progress=progress)
+                           runtime_bin=args.runtime_bin, pull=pull_policy(args.pull), backend=args.backend,
+                           progress=progress)
     console.print(summary_table(summary))
     console.print(summary_line(summary))
     console.print(f"logs: {args.output}/<task>/, summary: {args.output / 'summary.json'}")

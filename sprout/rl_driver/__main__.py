@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..console import console, errors, run_parser
 from ..sandbox.errors import SproutError
+from ..sandbox.store import BACKEND_HELP, BACKENDS
 from ..tasks.pull import PULL_HELP, PULL_POLICIES
 from .config import DEFAULT_PORT, load_config
 
@@ -31,7 +32,7 @@ def cmd_serve(args) -> int:
 
     config = load_config(args.config)
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port), ("tasks_dir", args.tasks_dir),
-                                   ("runtime_bin", args.runtime_bin), ("local_slots", args.local_slots),
+                                   ("runtime_bin", args.runtime_bin), ("backend", args.backend), ("local_slots", args.local_slots),
                                    ("data_dir", args.data_dir), ("ledger", args.ledger)) if v is not None}
     config = config.model_validate(config.model_dump() | overrides)
     if config.tasks_dir is not None and not config.tasks_dir.is_dir():
@@ -84,6 +85,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, help=f"port (default {DEFAULT_PORT})")
     s.add_argument("--tasks-dir", type=Path, help="Harbor task directories; a task_id is a directory name")
     s.add_argument("--runtime-bin", type=Path, help="the confined runtime's binary (default $SPROUT_RUNTIME_BIN)")
+    s.add_argument("--backend", choices=BACKENDS, help=BACKEND_HELP)
     s.add_argument("--local-slots", type=int, help="samples run at once here, without a Run Store (default 4)")
     s.add_argument("--data-dir", type=Path, help="journals and verifier files (default ~/.local/share/sprout/rl-driver)")
     s.add_argument("--ledger", help="the ledger: a SQLite file or a database URL (default DATA_DIR/driver.sqlite3)")

@@ -37,8 +37,8 @@ def make_driver(config: DriverConfig) -> Driver:
         from ..runstore.client import RunStoreClient
 
         client = RunStoreClient(*runstore)
-        return Driver(config, ledger, RunStoreSamples(client, config.poll_interval_s), slots=RUNSTORE_WAITERS)
-    store = Store(runtime_bin=config.runtime_bin, owner={"worker": "rl-driver"})  # a killed driver's leftovers are reaped
+        return Driver(config, ledger, RunStoreSamples(client, config.poll_interval_s, config.backend), slots=RUNSTORE_WAITERS)
+    store = Store(runtime_bin=config.runtime_bin, owner={"worker": "rl-driver"}, backend=config.backend)  # a killed driver's leftovers are reaped
     try:  # what a killed driver left: its unfinished samples' sandboxes and checkpoints, half-made subvolumes
         for line in store.gc():
             log.info("reaped %s", line)

@@ -156,8 +156,8 @@ class RunStoreSamples:
 
     detaches = True  # on close: its jobs run on, for the next driver
 
-    def __init__(self, client, wait_s: float):
-        self.client, self.wait_s = client, wait_s
+    def __init__(self, client, wait_s: float, backend: str = "container"):
+        self.client, self.wait_s, self.backend = client, wait_s, backend
         self.detach = threading.Event()
 
     def run(self, plan: SamplePlan, stop: threading.Event, on_job: Callable[[int], None]) -> RolloutDone:
@@ -167,7 +167,7 @@ class RunStoreSamples:
             job = self.client.get(plan.job_id)
         else:
             payload = rollout_payload(plan.rollout_request(), plan.task_dir, deadline_unix=plan.deadline_unix,
-                                      swe=plan.swe, grade_wall_s=plan.grade_wall_s)
+                                      swe=plan.swe, grade_wall_s=plan.grade_wall_s, backend=self.backend)
             affinity = {"host": plan.branch.host, "affinity_timeout_s": AFFINITY_S} if plan.branch and plan.branch.host \
                 else {}  # a branch goes where its checkpoint is (else it is shipped)
             job = submit_job(self.client, payload, group_id=plan.group_id[:200], idempotency_key=plan.attempt,
@@ -262,13 +262,17 @@ def sample_result(plan: SamplePlan, done: RolloutDone, job_id: int | None, store
 def touched_test_paths(store: Store, task_dir: Path | None, checkpoint_id: str | None) -> list[str] | None:
     """The task's test files (Harbor copies tests/ to /tests only to grade) that the graded state
     already had at their paths: what the agent wrote where the tests go. None when that state is not
-    in this host's store (a Run Store worker elsewhere graded it)."""
+    in this host's store (a Run Store worker elsewhere graded it), or a microVM's: its files are inside
+    its disk image, which the host does not parse (the guest made it)."""
     if checkpoint_id is None or task_dir is None:
         return None
     try:
-        root = store.checkpoint(checkpoint_id).rootfs
+        checkpoint = store.checkpoint(checkpoint_id)
     except CheckpointNotFound:
         return None
+    if checkpoint.limits.get("backend") == "microvm":
+        return None
+    root = checkpoint.rootfs
     tests = load_task(task_dir).paths.tests_dir
     paths = sorted(str(EnvironmentPaths.tests_dir / f.relative_to(tests)) for f in tests.rglob("*") if f.is_file())
     return [path for path in paths if _exists_in(root, path)]

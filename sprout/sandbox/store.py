@@ -17,6 +17,7 @@ import marshal
 import os
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -36,6 +37,7 @@ from .errors import (
 from .execution import DEFAULT_MAX_OUTPUT, ExecResult
 from .metadata import Metadata
 from .microvm import backend as microvm
+from .microvm.files import GuestFiles
 from .microvm.vm import MicroVM
 from .podman import ImageConfig
 
@@ -45,6 +47,8 @@ STORE_LABEL = "sprout.store"  # several stores may share one podman
 DEFAULT_LIMITS = {"memory": "4g", "pids": 4096, "cpus": None, "network": True}
 DEFAULT_SHELL = ("bash", "-c")
 BACKENDS = ("container", "microvm")
+BACKEND_HELP = ("the sandboxes: podman containers (default), or QEMU microVMs (each with its own kernel); "
+                "a branch keeps its checkpoint's")
 
 
 def default_root() -> Path:
@@ -179,7 +183,9 @@ class Sandbox:
         Remembered in the sandbox's limits (`network_connected`), which its checkpoints keep: a restart
         and a branch come back as it was last switched (an agent phase without network stays so)."""
         if self.backend == "microvm":
-            raise SandboxStateError(f"sandbox {self.id} is a microVM, and microVMs have no network yet")
+            if enabled:
+                raise SandboxStateError(f"sandbox {self.id} is a microVM, and microVMs have no network yet")
+            return
         if enabled and not self.limits.get("network", True):
             raise SandboxStateError(f"sandbox {self.id} was created without network (network=False); "
                                     "it cannot be connected")
@@ -197,9 +203,11 @@ class Sandbox:
 
     def exec(self, command: str | list[str], *, cwd: str | None = None, env: dict[str, str] | None = None,
              timeout: float | None = None, user: str | int | None = None,
-             max_output: int = DEFAULT_MAX_OUTPUT) -> ExecResult:
+             max_output: int = DEFAULT_MAX_OUTPUT, cancel: threading.Event | None = None) -> ExecResult:
         """Runs a command (a string goes to `bash -c`) in a fresh process inside the sandbox, as the
-        image's user unless `user` (a name or uid, optionally `:group`) says otherwise."""
+        image's user unless `user` (a name or uid, optionally `:group`) says otherwise. In a microVM,
+        setting `cancel` kills what it started, as its timeout would (a container's processes are
+        killed from the host instead: kill_processes_since)."""
         profile, vm = self._profile(), self._vm()
         if profile is None and vm is None:
             raise SandboxStateError(f"sandbox {self.id} is not running (start it: "
@@ -211,13 +219,24 @@ class Sandbox:
         if vm is not None:
             return vm.exec(argv, cwd=cwd, env=config.env | self.limits.get("env", {}) | env,
                            user=str(user if user is not None else config.user or "0"), timeout=timeout,
-                           max_output=max_output)
+                           max_output=max_output, cancel=cancel)
         if self.store.runtime_bin is not None:
             identity = users.resolve(self.path, user) if user is not None else None
             return execution.run_via_runtime(self.store.runtime_bin, self.profile_path, argv, cwd, env,
                                              timeout, max_output, identity)
         return execution.run_via_podman(self.container, profile, argv, cwd,
                                         str(user) if user is not None else config.user, env, timeout, max_output)
+
+    @contextmanager
+    def guest_files(self) -> Iterator[GuestFiles]:
+        """A running microVM's files, through its agent, for one transfer (a container's are at rootfs)."""
+        if self.backend != "microvm":
+            raise SandboxStateError(f"sandbox {self.id} is a container: its files are at its rootfs")
+        vm = self._vm()
+        if vm is None:
+            raise SandboxStateError(f"sandbox {self.id} is not running, so its files cannot be reached")
+        with vm.files() as files:
+            yield files
 
     def processes(self) -> set[tuple[int, int]]:
         """(pid, start time) of the processes running in the sandbox now."""

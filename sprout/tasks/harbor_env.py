@@ -34,7 +34,7 @@ from harbor.models.trial.config import ResourceMode
 from harbor.models.trial.paths import EnvironmentPaths, TrialPaths
 
 from ..sandbox import Checkpoint, Image, Sandbox, SandboxStateError, SproutError, Store
-from . import transfer
+from . import files
 from .cancellable import exec_async
 from .errors import UnsupportedTaskError
 from .images import ensure_image
@@ -161,7 +161,7 @@ class SproutEnvironment(BaseEnvironment):
         targets = {*self._mount_targets(writable_only=True),
                    *(str(p) for p in (paths.agent_dir, paths.verifier_dir, paths.artifacts_dir))}
         uid, gid, _ = await self._user()
-        await asyncio.to_thread(transfer.ensure_dirs, self.sandbox.rootfs, sorted(targets), (uid, gid))
+        await asyncio.to_thread(files.ensure_dirs, self.sandbox, sorted(targets), (uid, gid))
         if self._owns_sandbox and self._checkpoint is None:
             await self._upload_environment_dir_after_start()
 
@@ -197,17 +197,17 @@ class SproutEnvironment(BaseEnvironment):
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         uid, gid, _ = await self._user()
-        await asyncio.to_thread(transfer.upload_file, self.sandbox.rootfs, Path(source_path), target_path, (uid, gid))
+        await asyncio.to_thread(files.upload_file, self.sandbox, Path(source_path), target_path, (uid, gid))
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
         uid, gid, _ = await self._user()
-        await asyncio.to_thread(transfer.upload_dir, self.sandbox.rootfs, Path(source_dir), target_dir, (uid, gid))
+        await asyncio.to_thread(files.upload_dir, self.sandbox, Path(source_dir), target_dir, (uid, gid))
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
-        await asyncio.to_thread(transfer.download_file, self.sandbox.rootfs, source_path, Path(target_path))
+        await asyncio.to_thread(files.download_file, self.sandbox, source_path, Path(target_path))
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
-        await asyncio.to_thread(transfer.download_dir, self.sandbox.rootfs, source_dir, Path(target_dir))
+        await asyncio.to_thread(files.download_dir, self.sandbox, source_dir, Path(target_dir))
 
 
 def start_task_sandbox(store: Store, task: Task, label: str, *, image: Image | None = None,

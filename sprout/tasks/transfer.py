@@ -92,7 +92,10 @@ def empty_dir(root: Path, path: str, owner: tuple[int, int]) -> None:
 def _copy_file_in(source: Path, host: Path, owner: tuple[int, int]) -> None:
     if host.is_symlink() or (host.exists() and not host.is_file()):
         raise TransferError(f"cannot write over {host.name!r} in the sandbox: not a regular file")
-    shutil.copyfile(source, host, follow_symlinks=True)
+    try:
+        shutil.copyfile(source, host, follow_symlinks=True)
+    except OSError as e:  # e.g. a link in the sandbox to a directory it does not have
+        raise TransferError(f"cannot write {host.name!r} in the sandbox: {e.strerror}") from None
     shutil.copymode(source, host)
     os.chown(host, *owner)
 

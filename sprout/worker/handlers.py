@@ -19,15 +19,15 @@ from ..runstore.models import Claim
 from .jobs import GatePayload, GradePayload, ReviewPayload, RolloutOptions, RolloutPayload, SweGradePayload
 
 
-def store_from_env(claim: Claim | None = None):
-    """This host's store ($SPROUT_STORE, else the default), its commands run by $SPROUT_RUNTIME_BIN;
-    with a claim, what it makes belongs to that job's lease until adopted."""
+def store_from_env(claim: Claim | None = None, backend: str = "container"):
+    """This host's store ($SPROUT_STORE, else the default), its commands run by $SPROUT_RUNTIME_BIN,
+    its new sandboxes of `backend`; with a claim, what it makes belongs to that job's lease until adopted."""
     from ..sandbox import Store
 
     runtime = os.environ.get("SPROUT_RUNTIME_BIN")
     owner = None if claim is None else {"worker": claim.job.lease_owner, "job": claim.job.id,
                                         "lease": claim.lease_token}
-    return Store(runtime_bin=Path(runtime) if runtime else None, owner=owner)
+    return Store(runtime_bin=Path(runtime) if runtime else None, owner=owner, backend=backend)
 
 
 def rollout(claim: Claim, stop: threading.Event) -> dict[str, Any]:
@@ -42,7 +42,7 @@ def rollout(claim: Claim, stop: threading.Event) -> dict[str, Any]:
     payload = RolloutPayload.model_validate(claim.job.payload)
     options = payload.options
     journal = Path(options.journal)
-    store = store_from_env(claim)
+    store = store_from_env(claim, options.backend)
     task = load_task(Path(options.task_dir)) if options.task_dir else None
     if journal.exists():
         previous = read_journal(journal)
@@ -206,7 +206,7 @@ def gate(claim: Claim, _stop: threading.Event) -> dict[str, Any]:
 
     payload = GatePayload.model_validate(claim.job.payload)
     log_dir = Path(payload.log_dir or tempfile.mkdtemp(prefix="sprout-gate-"))
-    result = asyncio.run(gate_task(store_from_env(claim), load_task(Path(payload.task_dir)), log_dir,
+    result = asyncio.run(gate_task(store_from_env(claim, payload.backend), load_task(Path(payload.task_dir)), log_dir,
                                    rebuild_before=payload.rebuild_before, pull=payload.pull))
     return result.model_dump(mode="json")
 

@@ -18,6 +18,8 @@ from ..runstore.endpoints import EndpointRef
 from ..runstore.kinds import Payload, register_kind
 from ..tasks.swe_rebench import SweRebenchRef
 
+SandboxBackend = Literal["container", "microvm"]
+
 
 class RolloutOptions(Payload):
     """How a rollout runs (sprout.worker.handlers.rollout). `endpoint` names a model endpoint
@@ -39,6 +41,7 @@ class RolloutOptions(Payload):
     swe: SweRebenchRef | None = None  # a SWE-rebench V2 instance: its image, graded as the official harness
     grade_wall_s: float | None = Field(None, gt=0)  # the SWE-rebench grade's test commands, at most
     deadline_unix: float | None = None  # the agent's wall time ends then (not wall_time_s after it starts)
+    backend: SandboxBackend = "container"  # of a fresh start (a branch keeps its checkpoint's)
 
 
 class RolloutPayload(Payload):
@@ -109,6 +112,7 @@ class GatePayload(Payload):
     log_dir: str | None = None  # where the gate's logs go (default: a fresh temporary directory)
     rebuild_before: float | None = None
     pull: Literal["missing", "always", "never"] | None = None  # the pull policy (default: the worker's)
+    backend: SandboxBackend = "container"
 
 
 KINDS: dict[str, type[Payload]] = {"rollout": RolloutPayload, "grade": GradePayload, "swe-grade": SweGradePayload,

@@ -33,7 +33,15 @@ from ..runstore.models import Job
 from ..sandbox.errors import SproutError
 from ..tasks import GradeResult
 from ..tasks.swe_rebench import SweRebenchRef
-from .jobs import GradePayload, ReviewerSpec, ReviewPayload, RolloutOptions, RolloutPayload, kind_of
+from .jobs import (
+    GradePayload,
+    ReviewerSpec,
+    ReviewPayload,
+    RolloutOptions,
+    RolloutPayload,
+    SandboxBackend,
+    kind_of,
+)
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 WAIT_S = 1.0  # one long-poll of a job's group events: a stop is acted on within this
@@ -129,17 +137,18 @@ def _wait_for_events(client, job: Job, seq: int, wait_s: float, stop: threading.
 
 
 def rollout_payload(request: RolloutRequest, task_dir: Path | None, *, deadline_unix: float | None = None,
-                    swe: SweRebenchRef | None = None, grade_wall_s: float | None = None) -> RolloutPayload:
-    """The rollout job that runs `request` on a worker: a fresh start in the task's sandbox, or a branch;
-    graded live when the request has a trial directory. With `swe` (and no task), a rollout on that
-    SWE-rebench instance, graded as the official harness."""
+                    swe: SweRebenchRef | None = None, grade_wall_s: float | None = None,
+                    backend: SandboxBackend = "container") -> RolloutPayload:
+    """The rollout job that runs `request` on a worker: a fresh start in the task's sandbox (a `backend`
+    one), or a branch; graded live when the request has a trial directory. With `swe` (and no task), a
+    rollout on that SWE-rebench instance, graded as the official harness."""
     spec = request.spec
     options = RolloutOptions(
         endpoint=endpoint_ref(spec.endpoint), journal=str(spec.journal.resolve()), cwd=spec.cwd,
         model_class=spec.model_class, step_limit=spec.step_limit, token_limit=spec.token_limit,
         wall_time_s=spec.wall_time_s, command_timeout_s=spec.command_timeout_s, label=request.attempt,
         task_dir=str(task_dir.resolve()) if task_dir else None, sampling=spec.sampling, deadline_unix=deadline_unix,
-        swe=swe, grade_wall_s=grade_wall_s,
+        swe=swe, grade_wall_s=grade_wall_s, backend=backend,
         from_journal=str(spec.from_journal.resolve()) if spec.from_journal is not None else None,
         grade_trial_dir=str(request.trial_dir.resolve()) if request.trial_dir is not None else None)
     return RolloutPayload(task=spec.task, image=spec.image, model=spec.model, from_checkpoint=request.checkpoint,
@@ -155,8 +164,9 @@ def rollout_done(result: dict[str, Any]) -> RolloutDone:
 class RunStoreBackend:
     """The method's rollouts, grades and reviews as Run Store jobs (sprout.worker.handlers runs them)."""
 
-    def __init__(self, client, *, task_dir: Path, group_id: str, affinity_timeout_s: float = 60.0):
-        self.client, self.task_dir, self.group_id = client, task_dir.resolve(), group_id
+    def __init__(self, client, *, task_dir: Path, group_id: str, affinity_timeout_s: float = 60.0,
+                 backend: SandboxBackend = "container"):
+        self.client, self.task_dir, self.group_id, self.backend = client, task_dir.resolve(), group_id, backend
         self.affinity_timeout_s = affinity_timeout_s
 
     def _affinity(self, host: str | None) -> dict[str, Any]:
@@ -166,7 +176,7 @@ class RunStoreBackend:
                 stop: threading.Event | None = None) -> RolloutDone:
         journal = request.spec.journal.resolve()
         follow = _TurnFollower(journal, on_turn) if on_turn else None
-        result = run_job(self.client, rollout_payload(request, self.task_dir), group_id=self.group_id,
+        result = run_job(self.client, rollout_payload(request, self.task_dir, backend=self.backend), group_id=self.group_id,
                          on_poll=follow, stop=stop, **self._affinity(request.host))
         if follow is not None:
             follow()

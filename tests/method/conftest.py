@@ -40,9 +40,16 @@ def run_module(module: str, *args, env: dict | None = None, timeout: int = 300) 
 @pytest.fixture(scope="session")
 def dataset(tmp_path_factory) -> Dataset:
     """tasks/py-bugfix (a copy of the fixture) and its manifest, prepared once (images built)."""
-    root = tmp_path_factory.mktemp("dataset")
+    return prepared_dataset(tmp_path_factory.mktemp("dataset"))
+
+
+def prepared_dataset(root: Path, network_mode: str | None = None) -> Dataset:
+    """A copy of py-bugfix (its environment under `network_mode`, when given) and its manifest."""
     tasks_dir = root / "tasks"
     shutil.copytree(FIXTURES / "py-bugfix", tasks_dir / "py-bugfix")
+    if network_mode:
+        toml = tasks_dir / "py-bugfix" / "task.toml"
+        toml.write_text(toml.read_text().replace("[environment]", f'[environment]\nnetwork_mode = "{network_mode}"'))
     manifest = root / "prep.json"
     result = run_module("sprout.eval.prepare", "--tasks-dir", tasks_dir, "-o", manifest)
     assert result.returncode == 0, result.stdout + result.stderr

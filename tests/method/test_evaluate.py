@@ -12,7 +12,7 @@ from sprout.eval.summary import read_summary
 from sprout.method.budget import equal_budget
 from sprout.method.review import FALLBACK_NOTE
 from sprout.testing.scripted_model import ScriptedModelServer
-from tests.method.conftest import SUBMIT, evaluate_args, run_module
+from tests.method.conftest import SUBMIT, evaluate_args, prepared_dataset, run_module
 
 FIRST = [  # the first attempt: reads, tries, then "fixes" add() with * at turn 3 and submits
     {"thought": "Look at the code.", "command": "cat /app/calc.py"},
@@ -107,6 +107,25 @@ def test_first_fails_review_picks_turn_2_branch_resumes_with_note_and_passes(dat
         assert agent.requests == []
     assert again.returncode == 0 and "already finished" in again.stdout
     assert other.returncode == 1 and "holds a different run" in other.stderr and "early_stop" in other.stderr
+
+
+def test_a_sprout_run_in_microvms_branches_from_a_vm_checkpoint(tmp_path_factory, outputs, tmp_path):
+    """--backend microvm: the attempt, its per-turn checkpoints, the branch from turn 2 and both grades
+    are in VMs (microVMs have no network: the task's environment is offline)."""
+    offline = prepared_dataset(tmp_path_factory.mktemp("offline"), network_mode="no-network")
+    out = tmp_path / "in-microvms"
+    outputs.append(out)
+    probe = {"thought": "Where am I?", "command": "cat /proc/1/comm"}
+    first = [probe, *FIRST[1:]]
+    with ScriptedModelServer([{"content": json.dumps(REVIEW)}]) as reviewer, \
+            ScriptedModelServer(first + BRANCH) as agent:
+        result = run_module("sprout.eval.evaluate", *evaluate_args(
+            offline, out, agent.base_url, "--review-endpoint", reviewer.base_url, "--backend", "microvm"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = read_summary(out)
+    assert summary.status == "solved" and [(a.id, a.reward) for a in summary.attempts] == [("a1", 0), ("r1b1", 1)]
+    journal = read_journal(out / summary.attempts[0].journal)
+    assert "sprout-agent" in journal.turns[0].observation  # PID 1 of a VM, not a container's
 
 
 def test_malformed_review_is_retried_then_falls_back_and_is_recorded(dataset, outputs, tmp_path):

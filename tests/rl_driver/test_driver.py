@@ -5,6 +5,7 @@ the contract's facts (what Miles' rollout function does): POST, GET until termin
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -391,3 +392,25 @@ def test_over_a_run_store_a_worker_killed_mid_group_still_yields_the_group(tasks
         for proc in workers:
             proc.wait(timeout=60)
         services(cfg, "down")
+
+
+def test_samples_run_and_are_graded_in_microvms(tasks, tmp_path):
+    """`backend: microvm` in the driver's config: each sample's rollout, checkpoints and grade are in VMs
+    (a copy of py-bugfix without network: microVMs have none)."""
+    tasks_dir = tmp_path / "tasks"
+    shutil.copytree(tasks[0] / "py-bugfix", tasks_dir / "py-bugfix")
+    toml = tasks_dir / "py-bugfix" / "task.toml"
+    toml.write_text(toml.read_text().replace("[environment]", '[environment]\nnetwork_mode = "no-network"'))
+    config = write_config(tmp_path / "driver.json", tasks_dir, backend="microvm", local_slots=2)
+    process = DriverProcess(config, free_port()).start()
+    script = first(FIX) + first("cat /proc/1/comm") + then(SUBMIT, 2)
+    try:
+        with ScriptedModelServer(script, api_key=POLICY_KEY) as model:
+            result = MilesShapedClient(process.url).run_group(group_request(tasks[1], endpoint_of(model), 2))
+    finally:
+        process.stop()
+    assert result["status"] == "completed" and result["failed_samples"] == []
+    assert sorted(t["reward"] for t in result["trajectories"]) == [0.0, 1.0]
+    first_outputs = [t["messages"][3]["content"] for t in result["trajectories"]]
+    assert any("sprout-agent" in output for output in first_outputs), first_outputs  # PID 1 of a VM
+    assert all(t["metadata"]["touched_test_paths"] is None for t in result["trajectories"])

@@ -2,6 +2,7 @@
 else TCG) booted from a store image, commands over the guest agent, checkpoints of the disk alone and
 of disk + memory as store checkpoints, branches that boot or resume them."""
 
+import asyncio
 import hashlib
 import os
 import signal
@@ -15,6 +16,7 @@ from sprout.sandbox import Sandbox, SandboxStateError, Store, StoreError
 from sprout.sandbox.microvm import vm as vm_module
 from sprout.sandbox.microvm.backend import DISK_FILE, MEMORY_FILE
 from sprout.sandbox.microvm.vm import VMError
+from sprout.tasks.cancellable import exec_async
 from tests.conftest import PYTHON_IMAGE, removing_what_is_made
 
 SERVER = ("mkdir -p /srv && cd /srv && echo served-from-turn-2 > index.html && "
@@ -99,6 +101,20 @@ def test_a_timeout_kills_the_commands_whole_tree(machine):
     assert result.timed_out and result.exit_code == 124 and "never" not in result.output
     time.sleep(0.2)
     assert machine.exec("ps -eo args | grep -c '^sleep 30[01]' || true").output.strip() == "0"
+
+
+def test_a_cancelled_command_is_killed_in_the_guest(machine):
+    """Harbor cancels a command at its timeout (exec_async): the guest agent kills what it started."""
+    async def cancel_after_one_second() -> None:
+        await asyncio.wait_for(exec_async(machine, "sleep 302 & sleep 303; echo never"), 1)
+
+    started = time.monotonic()
+    with pytest.raises(asyncio.TimeoutError):
+        asyncio.run(cancel_after_one_second())
+    assert time.monotonic() - started < 10
+    time.sleep(0.2)
+    assert machine.exec("ps -eo args | grep -c '^sleep 30[23]' || true").output.strip() == "0"
+    assert machine.exec("echo next").output == "next\n"  # the agent serves the next command
 
 
 def test_output_keeps_its_head_and_tail_past_the_cap(machine):

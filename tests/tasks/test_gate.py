@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -91,3 +92,19 @@ def test_hanging_and_unhealthy_tasks_are_cut_off_and_reported(copy_task, tmp_pat
         "verifier-hangs": ("error", "oracle: the verifier timed out after 3s ([verifier].timeout_sec); "
                                     "its processes were killed"),
     }
+
+
+def test_the_gate_runs_its_attempts_in_microvms(tmp_path):
+    """--backend microvm: the oracle and nop run, and are graded by Harbor's verifier, in VMs (the
+    oracle here fails unless the guest agent is PID 1), their files moved through the guest agent."""
+    task = tmp_path / "tasks" / "shell-count"
+    shutil.copytree(FIXTURES / "shell-count", task)
+    (task / "solution" / "solve.sh").write_text(
+        '#!/bin/bash\nset -euo pipefail\n[ "$(cat /proc/1/comm)" = sprout-agent ]\n'
+        'grep -c "$PATTERN" app.log > count.txt\n')
+    out = tmp_path / "gate"
+    proc = gate("--tasks-dir", str(task.parent), "--output", str(out), "--backend", "microvm")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads((out / "summary.json").read_text())["results"][0]
+    assert (result["verdict"], reward(result["oracle"]), reward(result["nop"])) == ("pass", 1.0, 0.0)
+    assert (out / "shell-count" / "oracle" / "verifier" / "reward.txt").read_text().strip() == "1"

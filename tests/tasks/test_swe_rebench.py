@@ -308,7 +308,8 @@ def calc(request, tmp_path_factory, base_store: Store):
     context = tmp_path_factory.mktemp("calc-image")
     base = build_repo_image(context, IMAGE, {"calc/__init__.py": "", "calc/ops.py": BUGGY, "tests/test_ops.py": TEST_ADD})
     assert request.param != "runtime" or RUNTIME_BIN.exists(), "run ops/setup_podman.sh first (runtime/sprout-runtime)"
-    store = Store(base_store.root, runtime_bin=RUNTIME_BIN if request.param == "runtime" else None)
+    store = Store(base_store.root, runtime_bin=RUNTIME_BIN if request.param == "runtime" else None,
+                  backend="microvm" if request.param == "microvm" else "container")
     parsers_path = context / "log_parsers.py"
     parsers_path.write_text(PARSERS)
     instance = Instance.model_validate({**ROW, "base_commit": base, "test_patch": TEST_PATCH,
@@ -341,12 +342,13 @@ def diff_after(store: Store, instance: Instance, command: str) -> str:
         sandbox.destroy()
 
 
+@pytest.mark.parametrize("calc", ["runtime", "podman-exec", "microvm"], indirect=True)  # files through the agent too
 def test_fix_is_resolved_and_the_diff_has_untracked_files(calc):
     store, instance, parsers = calc
     diff = diff_after(store, instance, "sed -i '$ s/a + b/a * b/' calc/ops.py && printf 'X = 1\\n' > calc/new.py"
                       " && printf '\\x00\\x01' > calc/blob.bin")
     assert "calc/new.py" in diff and "GIT binary patch" in diff and "a * b" in diff
-    grade = grade_instance(store, instance, diff, parsers, timeout_s=120)
+    grade = grade_instance(store, instance, diff, parsers, timeout_s=120, network=store.backend != "microvm")
     assert grade.reward == 1.0 and grade.resolved_exact and grade.resolved_lenient, grade
     assert grade.zero_reason is None and grade.touched_test_paths == []
     assert grade.statuses == {"tests/test_mul.py::test_mul": "PASSED", "tests/test_ops.py::test_add": "PASSED"}

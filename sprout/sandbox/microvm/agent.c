@@ -6,11 +6,21 @@
  *
  *   host -> guest  'P' ping with a token            -> 'k' with the same token
  *                  'R' run: NUL-separated fields     -> 'o' output chunks..., then 'x' "<code> <timed_out>"
- *                      cwd, user, timeout_ms, env count, env "K=V"..., argv...
+ *                      cwd, user, timeout_ms, env count, env "K=V"..., argv...; a 'C' sent while it
+ *                      runs cancels it (its processes are killed as on timeout)
  *                  'S' sync the filesystems         -> 'k'
  *                  'F' freeze the root filesystem   -> 'k'   (sync + FIFREEZE: the disk is consistent)
  *                  'T' thaw it                      -> 'k'
  *                  'I' identity: hostname, machine id, entropy bytes -> 'k'
+ *                  'M' make dirs: path, mode, uid, gid   -> 'k'  (mkdir -p; new dirs get the owner and
+ *                      mode, the last one the mode too; mode "" leaves modes as they are)
+ *                  'W' write: kind, path, mode, uid, gid, data -> 'k'  (kind f: a regular file, links
+ *                      followed; a: append to it; l: a symlink to data, replacing one; parents must exist)
+ *                  'G' get: path, max bytes          -> 'd' data chunks..., then 'k'; 'n' when absent
+ *                  'L' list: path, recursive "0"/"1" -> 'l' records..., then 'k'; 'n' when absent. A
+ *                      record is a kind (f regular file, d directory, o anything else) and a path relative
+ *                      to `path` ("." for itself), NUL-terminated; links are followed, but a link to a
+ *                      directory is 'o' and never entered.
  *   guest -> host  '!' "<message>" when a request cannot be served.
  *
  * A command runs in its own session with stdout and stderr merged on one pipe and stdin /dev/null.
@@ -23,6 +33,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <dirent.h>
+#include <ftw.h>
 #include <glob.h>
 #include <grp.h>
 #include <linux/fs.h>
@@ -234,25 +245,41 @@ static void child(int out, char *cwd, const identity_t *who, char **env, char **
     _exit(127);
 }
 
+/* Whether the host sent 'C' (cancel) while a command runs; any other frame is read away. A port
+ * without a host reads as end-of-file: it is then not watched any more. */
+static int cancelled(struct pollfd *host) {
+    if (host->revents & (POLLHUP | POLLERR) && !(host->revents & POLLIN)) host->fd = -1;  /* no host now */
+    if (!(host->revents & POLLIN)) return 0;
+    unsigned char head[5];
+    ssize_t n = read(port, head, 5);
+    if (n <= 0) { host->fd = -1; return 0; }
+    if (n < 5) read_full(head + n, (size_t)(5 - n));
+    uint32_t len = (uint32_t)head[0] << 24 | head[1] << 16 | head[2] << 8 | head[3];
+    char skip[4096];
+    for (uint32_t left = len; left; left -= left < sizeof skip ? left : sizeof skip)
+        read_full(skip, left < sizeof skip ? left : sizeof skip);
+    return head[4] == 'C';
+}
+
 /* Streams the command's output until it exits (plus a short grace for buffered output: a background
- * job may hold the pipe open forever) or its deadline passes; returns whether it timed out. */
+ * job may hold the pipe open forever), its deadline passes or the host cancels it; returns whether
+ * it was cut short. */
 static int stream(int out, long long deadline) {
     char buf[65536];
     long long exited_at = -1;
+    struct pollfd p[2] = {{out, POLLIN, 0}, {port, POLLIN, 0}};
     for (;;) {
         long long now = now_ms();
         reap();
         if (running_status >= 0 && exited_at < 0) exited_at = now;
-        if (exited_at >= 0 && now - exited_at > EXIT_GRACE_MS) return 0;
+        if (exited_at >= 0 && (p[0].fd < 0 || now - exited_at > EXIT_GRACE_MS)) return 0;
         if (deadline > 0 && now >= deadline) return 1;
-        struct pollfd p = {out, POLLIN, 0};
-        if (poll(&p, 1, 20) <= 0) continue;
+        if (poll(p, 2, p[0].fd < 0 ? 5 : 20) <= 0) continue;
+        if (cancelled(&p[1])) return 1;
+        if (!(p[0].revents & (POLLIN | POLLHUP))) continue;
         ssize_t n = read(out, buf, sizeof buf);
         if (n > 0) send_frame('o', buf, (uint32_t)n);
-        else if (n == 0) {
-            while (running_status < 0 && (deadline <= 0 || now_ms() < deadline)) { usleep(5000); reap(); }
-            return running_status < 0;
-        }
+        else if (n == 0) p[0].fd = -1;  /* all output read: wait for the exit (or the deadline, a cancel) */
     }
 }
 
@@ -343,6 +370,155 @@ static void identity(char *payload, uint32_t len) {
     else send_text('!', "reseeding the random pool failed");
 }
 
+/* ---------------------------------------------------------------- files
+ * The host's transfers (Harbor's uploads and downloads, grading) work through these: the guest
+ * resolves paths in its own root, so nothing it holds can point the host elsewhere. Files are opened
+ * without blocking: a FIFO where a file is expected must not block PID 1. */
+
+/* Splits a request into `want` NUL-terminated fields and the rest (data), or fails. */
+static int split(char *payload, uint32_t len, char **fields, int want, char **rest, uint32_t *rest_len) {
+    char *p = payload, *end = payload + len;
+    for (int i = 0; i < want; i++) {
+        char *nul = memchr(p, '\0', (size_t)(end - p));
+        if (!nul) return -1;
+        fields[i] = p, p = nul + 1;
+    }
+    if (rest) *rest = p, *rest_len = (uint32_t)(end - p);
+    return 0;
+}
+
+static void refuse(const char *what, const char *path) {
+    char msg[600];
+    snprintf(msg, sizeof msg, "%s %.400s: %s", what, path, strerror(errno));
+    send_text('!', msg);
+}
+
+static void not_regular(const char *path) {
+    char msg[600];
+    snprintf(msg, sizeof msg, "%.400s in the sandbox is not a regular file", path);
+    send_text('!', msg);
+}
+
+/* mkdir -p `path`; directories it makes belong to uid:gid with `mode` (0755 when mode < 0). */
+static int make_dirs(char *path, long mode, uid_t uid, gid_t gid) {
+    for (char *slash = path; slash; ) {
+        slash = strchr(slash + 1, '/');
+        if (slash) *slash = '\0';
+        struct stat st;
+        if (*path && mkdir(path, 0755) == 0) {
+            if (chown(path, uid, gid) || (mode >= 0 && chmod(path, (mode_t)mode))) return -1;
+        } else if (*path && (stat(path, &st) || !S_ISDIR(st.st_mode))) {
+            if (!errno || errno == EEXIST) errno = ENOTDIR;
+            return -1;
+        }
+        if (slash) *slash = '/';
+    }
+    return mode >= 0 ? chmod(path, (mode_t)mode) : 0;
+}
+
+static void make_dirs_request(char *payload, uint32_t len) {
+    char *f[4];
+    if (split(payload, len, f, 4, NULL, NULL) || f[0][0] != '/') { send_text('!', "malformed make-dirs request"); return; }
+    errno = 0;
+    if (make_dirs(f[0], *f[1] ? strtol(f[1], NULL, 8) : -1, (uid_t)atol(f[2]), (gid_t)atol(f[3])))
+        refuse("cannot make the directory", f[0]);
+    else send_text('k', "");
+}
+
+static void write_request(char *payload, uint32_t len) {
+    char *f[5], *data;
+    uint32_t size;
+    if (split(payload, len, f, 5, &data, &size) || f[1][0] != '/') { send_text('!', "malformed write request"); return; }
+    const char *path = f[1];
+    uid_t uid = (uid_t)atol(f[3]);
+    gid_t gid = (gid_t)atol(f[4]);
+    if (f[0][0] == 'l') {
+        struct stat st;
+        if (lstat(path, &st) == 0 && (S_ISDIR(st.st_mode) || unlink(path))) { errno = EISDIR; refuse("cannot replace", path); return; }
+        if (symlink(data, path) || lchown(path, uid, gid)) refuse("cannot make the link", path);
+        else send_text('k', "");
+        return;
+    }
+    int append = f[0][0] == 'a';
+    int fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC | (append ? O_APPEND : O_CREAT), 0600);
+    struct stat st;
+    if (fd < 0) { refuse("cannot write", path); return; }
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode)) { close(fd); not_regular(path); return; }
+    int ok = (append || ftruncate(fd, 0) == 0) && write_all(fd, data, size) == 0
+             && (append || (fchmod(fd, (mode_t)strtol(f[2], NULL, 8)) == 0 && fchown(fd, uid, gid) == 0));
+    close(fd);
+    if (ok) send_text('k', "");
+    else refuse("cannot write", path);
+}
+
+static void get_request(char *payload, uint32_t len) {
+    char *f[2];
+    if (split(payload, len, f, 2, NULL, NULL)) { send_text('!', "malformed get request"); return; }
+    long long max = atoll(f[1]), sent = 0;
+    int fd = open(f[0], O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 && (errno == ENOENT || errno == ENOTDIR)) { send_text('n', ""); return; }
+    if (fd < 0) { refuse("cannot read", f[0]); return; }
+    char msg[600];
+    snprintf(msg, sizeof msg, "%.400s in the sandbox is larger than %lld bytes", f[0], max);
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode)) { close(fd); not_regular(f[0]); return; }
+    if (st.st_size > max) { close(fd); send_text('!', msg); return; }
+    char buf[65536];
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof buf)) > 0 && (sent += n) <= max) send_frame('d', buf, (uint32_t)n);
+    close(fd);
+    if (n < 0) refuse("cannot read", f[0]);
+    else if (sent > max) send_text('!', msg);
+    else send_text('k', "");
+}
+
+static char records[65536];
+static size_t records_len, list_root_len;
+
+static void record(char kind, const char *relative) {
+    size_t size = strlen(relative) + 2;
+    if (records_len + size > sizeof records) { send_frame('l', records, (uint32_t)records_len); records_len = 0; }
+    if (size > sizeof records) return;
+    records[records_len] = kind;
+    memcpy(records + records_len + 1, relative, size - 1);
+    records_len += size;
+}
+
+static char kind_of(const char *path, const struct stat *lst) {
+    struct stat st;
+    if (!S_ISLNK(lst->st_mode)) return S_ISREG(lst->st_mode) ? 'f' : S_ISDIR(lst->st_mode) ? 'd' : 'o';
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode) ? 'f' : 'o';
+}
+
+static int list_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)flag;
+    if (ftw->level > 0) record(kind_of(path, st), path + list_root_len + 1);
+    return 0;
+}
+
+static void list_request(char *payload, uint32_t len) {
+    char *f[2];
+    if (split(payload, len, f, 2, NULL, NULL)) { send_text('!', "malformed list request"); return; }
+    struct stat st;
+    if (stat(f[0], &st)) {
+        if (errno == ENOENT || errno == ENOTDIR) send_text('n', "");
+        else refuse("cannot list", f[0]);
+        return;
+    }
+    records_len = 0;
+    char kind = S_ISREG(st.st_mode) ? 'f' : S_ISDIR(st.st_mode) ? 'd' : 'o';
+    record(kind, ".");
+    if (kind == 'd' && f[1][0] == '1') {
+        char root[4096];
+        snprintf(root, sizeof root, "%s", f[0]);
+        for (size_t n = strlen(root); n > 1 && root[n - 1] == '/'; n--) root[n - 1] = '\0';
+        list_root_len = strcmp(root, "/") ? strlen(root) : 0;
+        nftw(root, list_entry, 32, FTW_PHYS);
+    }
+    send_frame('l', records, (uint32_t)records_len);
+    send_text('k', "");
+}
+
 static void open_port(void) {
     glob_t names;
     if (glob("/sys/class/virtio-ports/*/name", 0, NULL, &names)) die("no virtio-serial ports");
@@ -393,6 +569,10 @@ int main(int argc, char **argv) {
             case 'F': freeze(FIFREEZE); break;
             case 'T': freeze(FITHAW); break;
             case 'I': identity(payload, len); break;
+            case 'M': make_dirs_request(payload, len); break;
+            case 'W': write_request(payload, len); break;
+            case 'G': get_request(payload, len); break;
+            case 'L': list_request(payload, len); break;
             default: send_text('!', "unknown request");
         }
         free(payload);

@@ -15,6 +15,7 @@ import shlex
 import signal
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ from qemu.qmp.legacy import QEMUMonitorProtocol
 from ..errors import SproutError
 from ..execution import DEFAULT_MAX_OUTPUT, TIMEOUT_EXIT_CODE, CappedReader, ExecResult
 from .channel import Channel, ChannelError, ChannelTimeout, frame
+from .files import GuestFiles
 from .guest import GuestKit
 
 QEMU = "qemu-system-x86_64"
@@ -225,8 +227,10 @@ class MicroVM:
             self._ask(channel, kind, payload)
 
     def exec(self, argv: list[str], *, cwd: str = "/", env: dict[str, str] | None = None, user: str = "0",
-             timeout: float | None = None, max_output: int = DEFAULT_MAX_OUTPUT) -> ExecResult:
-        """Runs argv in the guest; stdout and stderr merged and capped as the container backend does."""
+             timeout: float | None = None, max_output: int = DEFAULT_MAX_OUTPUT,
+             cancel: threading.Event | None = None) -> ExecResult:
+        """Runs argv in the guest; stdout and stderr merged and capped as the container backend does.
+        Setting `cancel` kills what the command started, as its timeout would (it then reports timed out)."""
         env = env or {}
         timeout_ms = 0 if timeout is None else max(1, int(timeout * 1000))
         fields = [cwd, user, str(timeout_ms), str(len(env)), *(f"{k}={v}" for k, v in env.items()), *argv]
@@ -240,8 +244,9 @@ class MicroVM:
             started = time.monotonic()
             deadline = started + allowed
             channel.send("R", b"\0".join(f.encode() for f in fields) + b"\0")
-            while (received := channel.receive(deadline, "running a command"))[0] == "o":
-                reader.feed(received[1])
+            with _cancelling(channel, cancel):
+                while (received := channel.receive(deadline, "running a command"))[0] == "o":
+                    reader.feed(received[1])
         kind, body = received
         if kind != "x":
             raise VMError(f"the guest agent refused the command: {body.decode(errors='replace')[:500]}")
@@ -264,6 +269,12 @@ class MicroVM:
                 yield
             finally:
                 self._ask(channel, "T")
+
+    @contextmanager
+    def files(self) -> Iterator[GuestFiles]:
+        """The guest's files for one transfer (the agent serves nothing else meanwhile)."""
+        with self._agent(REQUEST_TIMEOUT_S) as channel:
+            yield GuestFiles(channel)
 
     def set_identity(self, hostname: str, machine_id: str | None = None) -> None:
         """A new hostname, machine id and 32 bytes of entropy, credited and reseeded at once: what a
@@ -298,6 +309,30 @@ class MicroVM:
         qemu, console = _tail(self.run_dir / "qemu.log").strip(), _tail(self.run_dir / "console.log")
         return VMError(f"{what} (accelerator {self.accel}; {self.run_dir})"
                        + (f"\nQEMU: {qemu}" if qemu else "") + (f"\nconsole:\n{console}" if console else ""))
+
+
+@contextmanager
+def _cancelling(channel: Channel, cancel: threading.Event | None) -> Iterator[None]:
+    """While the body runs, a set `cancel` sends the agent 'C' (once)."""
+    if cancel is None:
+        yield
+        return
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            if cancel.wait(0.05):
+                with suppress(OSError):
+                    channel.send("C")
+                return
+
+    watcher = threading.Thread(target=watch, daemon=True, name="vm-cancel")
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
 
 
 @contextmanager

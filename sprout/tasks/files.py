@@ -1,0 +1,122 @@
+"""Copying files into and out of any sandbox, as `docker cp` does: a container's through its rootfs on
+the host (sprout.tasks.transfer), a microVM's through its guest agent (sprout.sandbox.microvm.files).
+Both follow the sandbox's own links inside the sandbox only, and the host only ever gets regular files.
+"""
+
+import os
+from pathlib import Path, PurePosixPath
+
+from ..sandbox import Sandbox, rootfs
+from ..sandbox.microvm.files import GuestFileError
+from . import transfer
+from .transfer import TransferError
+
+
+def ensure_dirs(sandbox: Sandbox, paths: list[str], owner: tuple[int, int]) -> None:
+    """Creates the directories and makes them world-writable (Harbor's mount targets, /logs/...)."""
+    if sandbox.backend != "microvm":
+        return transfer.ensure_dirs(sandbox.rootfs, paths, owner)
+    with sandbox.guest_files() as files:
+        for path in paths:
+            _guard(files.make_dirs, path, owner, 0o777)
+
+
+def upload_file(sandbox: Sandbox, source: Path, target: str, owner: tuple[int, int]) -> None:
+    """Into TARGET, or inside it when it is a directory."""
+    if sandbox.backend != "microvm":
+        return transfer.upload_file(sandbox.rootfs, source, target, owner)
+    with sandbox.guest_files() as files:
+        if target.endswith("/") or _guard(files.kind, target) == "dir":
+            target = str(PurePosixPath(target) / Path(source).name)
+        _guard(files.make_dirs, str(PurePosixPath(target).parent), owner)
+        _guard(files.write_file, target, Path(source).read_bytes(), Path(source).stat().st_mode & 0o7777, owner)
+
+
+def upload_dir(sandbox: Sandbox, source: Path, target: str, owner: tuple[int, int]) -> None:
+    """Merges DIR's contents into TARGET (symlinks copied as links)."""
+    if sandbox.backend != "microvm":
+        return transfer.upload_dir(sandbox.rootfs, source, target, owner)
+    source = Path(source)
+    if not source.is_dir():
+        raise TransferError(f"{source} is not a directory")
+    with sandbox.guest_files() as files:
+        _guard(files.make_dirs, target, owner)
+        for current, dirs, names in os.walk(source):
+            rel = Path(current).relative_to(source).as_posix()
+            base = PurePosixPath(target) / rel
+            for name in sorted(dirs + names):
+                local, inside = Path(current) / name, str(base / name)
+                if local.is_symlink():
+                    _guard(files.symlink, inside, os.readlink(local), owner)
+                elif local.is_dir():
+                    _guard(files.make_dirs, inside, owner)
+                else:
+                    _guard(files.write_file, inside, local.read_bytes(), local.stat().st_mode & 0o7777, owner)
+            dirs[:] = [d for d in dirs if not (Path(current) / d).is_symlink()]
+
+
+def read_file(sandbox: Sandbox, path: str, max_bytes: int) -> bytes | None:
+    """The bytes of a regular file in the sandbox (None when absent); TransferError for anything else."""
+    if sandbox.backend != "microvm":
+        try:
+            return rootfs.read_file(sandbox.rootfs, path, max_bytes)
+        except rootfs.UnsafeFile as e:
+            raise TransferError(str(e)) from None
+    with sandbox.guest_files() as files:
+        return _guard(files.read_file, path, max_bytes)
+
+
+def download_file(sandbox: Sandbox, source: str, target: Path) -> None:
+    """Copies an in-sandbox file to the host (into `target`, or inside it when it is a directory)."""
+    if sandbox.backend != "microvm":
+        return transfer.download_file(sandbox.rootfs, source, target)
+    target = Path(target)
+    if target.is_dir():
+        target = target / PurePosixPath(source).name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with sandbox.guest_files() as files, open(target, "wb") as sink:
+        found = _guard(files.copy_out, source, sink, rootfs.MAX_COPY_BYTES)
+    if not found:
+        target.unlink()
+        raise TransferError(f"{source} is not a file in the sandbox")
+
+
+def download_dir(sandbox: Sandbox, source: str, target: Path) -> None:
+    """Copies an in-sandbox directory's contents into `target` on the host, overwriting. Links are
+    copied as the files they point to; links to directories, special and oversized files are skipped."""
+    if sandbox.backend != "microvm":
+        return transfer.download_dir(sandbox.rootfs, source, target)
+    target = Path(target)
+    with sandbox.guest_files() as files:
+        listing = _guard(files.list, source, True)
+        if not listing or listing["."] != "dir":
+            raise TransferError(f"{source} is not a directory in the sandbox")
+        target.mkdir(parents=True, exist_ok=True)
+        for rel, kind in sorted(listing.items()):
+            host = target / rel
+            if rel == "." or not _inside(target, host):
+                continue
+            if kind == "dir":
+                host.mkdir(parents=True, exist_ok=True)
+            elif kind == "file" and not host.is_symlink():
+                host.parent.mkdir(parents=True, exist_ok=True)
+                with open(host, "wb") as sink:
+                    try:
+                        found = files.copy_out(str(PurePosixPath(source) / rel), sink, rootfs.MAX_COPY_BYTES)
+                    except GuestFileError:
+                        found = False  # oversized, or replaced meanwhile by something that is not a file
+                if not found:
+                    host.unlink()
+
+
+def _guard(operation, *args):
+    try:
+        return operation(*args)
+    except GuestFileError as e:
+        raise TransferError(str(e)) from None
+
+
+def _inside(root: Path, path: Path) -> bool:
+    """Whether a guest-given relative path stays under `root` (no '..', no absolute part)."""
+    parts = PurePosixPath(path.relative_to(root)).parts if path.is_relative_to(root) else ("..",)
+    return not any(part in ("..", "") for part in parts)

@@ -1,0 +1,97 @@
+"""Copying files into and out of sandboxes of both backends (sprout.tasks.files): a container's through
+its rootfs on the host, a microVM's through its guest agent, with the same results and refusals."""
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from sprout.sandbox import Sandbox, Store
+from sprout.tasks import files
+from sprout.tasks.transfer import TransferError
+from tests.conftest import PYTHON_IMAGE
+
+OWNER = (1234, 2345)
+backends = pytest.mark.parametrize("store", ["runtime", "microvm"], indirect=True)
+
+
+def sandbox_of(store: Store) -> Sandbox:
+    return store.create_sandbox(PYTHON_IMAGE, memory="512m")
+
+
+def local_tree(root: Path) -> Path:
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "run.sh").write_text("#!/bin/sh\necho ran\n")
+    (root / "bin" / "run.sh").chmod(0o755)
+    (root / "data").mkdir()
+    (root / "data" / "big.bin").write_bytes(os.urandom(5 << 20))  # more than one 4 MiB request
+    (root / "data" / "empty").write_bytes(b"")
+    (root / "link").symlink_to("data/big.bin")
+    return root
+
+
+@backends
+def test_uploads_and_downloads_give_the_same_files_owners_and_modes(store, tmp_path):
+    tree = local_tree(tmp_path / "tree")
+    sandbox = sandbox_of(store)
+    files.ensure_dirs(sandbox, ["/logs/verifier"], OWNER)
+    files.upload_dir(sandbox, tree, "/opt/up", OWNER)
+    files.upload_file(sandbox, tree / "bin" / "run.sh", "/logs/verifier", OWNER)  # a directory: inside it
+
+    stat = sandbox.exec("stat -c '%n %a %u %g' /logs/verifier /opt/up/bin/run.sh /opt/up/data/empty "
+                        "/logs/verifier/run.sh; readlink /opt/up/link; /opt/up/bin/run.sh; "
+                        "sha256sum < /opt/up/data/big.bin", user="0")
+    assert stat.exit_code == 0, stat.output
+    big_sha = hashlib.sha256((tree / "data" / "big.bin").read_bytes()).hexdigest()
+    assert stat.output.splitlines() == [
+        "/logs/verifier 777 1234 2345", "/opt/up/bin/run.sh 755 1234 2345", "/opt/up/data/empty 644 1234 2345",
+        "/logs/verifier/run.sh 755 1234 2345", "data/big.bin", "ran", f"{big_sha}  -"]
+
+    out = tmp_path / "out"
+    files.download_dir(sandbox, "/opt/up", out)
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == [
+        "bin", "bin/run.sh", "data", "data/big.bin", "data/empty", "link"]
+    assert not (out / "link").is_symlink()  # the host gets the file a link points to
+    assert (out / "link").read_bytes() == (tree / "data" / "big.bin").read_bytes()
+    files.download_file(sandbox, "/opt/up/bin/run.sh", tmp_path)
+    assert (tmp_path / "run.sh").read_text() == "#!/bin/sh\necho ran\n"
+    assert files.read_file(sandbox, "/opt/up/data/empty", 10) == b""
+    assert files.read_file(sandbox, "/opt/up/absent", 10) is None
+    with pytest.raises(TransferError, match="larger than 10 bytes"):
+        files.read_file(sandbox, "/opt/up/bin/run.sh", 10)
+
+
+@backends
+def test_what_the_sandbox_plants_neither_leaks_the_host_nor_blocks_the_copy(store, tmp_path):
+    secret = tmp_path / "host-secret"
+    secret.write_text("host only\n")
+    sandbox = sandbox_of(store)
+    planted = sandbox.exec(f"mkdir -p /logs/sub && echo 1 > /logs/reward.txt && mkfifo /logs/fifo && "
+                           f"ln -s {secret} /logs/leak && ln -s /etc /logs/dir-link && "
+                           f"ln -s /logs/reward.txt /logs/sub/inside && ln -s {secret} /logs/written && "
+                           f"ln -s /logs/reward.txt /logs/through", user="0")
+    assert planted.exit_code == 0, planted.output
+
+    out = tmp_path / "out"
+    started = time.monotonic()
+    files.download_dir(sandbox, "/logs", out)
+    assert time.monotonic() - started < 10
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == ["reward.txt", "sub", "sub/inside", "through"]
+    assert (out / "sub" / "inside").read_text() == "1\n"
+    for name in ("fifo", "leak", "dir-link"):
+        with pytest.raises(TransferError):
+            files.download_file(sandbox, f"/logs/{name}", tmp_path / "got")
+    with pytest.raises(TransferError, match="not a directory"):
+        files.download_dir(sandbox, "/logs/reward.txt", out)
+
+    local = tmp_path / "payload"
+    local.write_text("from the host\n")
+    with pytest.raises(TransferError, match="cannot write"):  # a link is followed inside the sandbox only
+        files.upload_file(sandbox, local, "/logs/written", OWNER)
+    assert secret.read_text() == "host only\n"
+    files.upload_file(sandbox, local, "/logs/through", OWNER)
+    assert sandbox.exec("cat /logs/reward.txt").output == "from the host\n"
+    with pytest.raises(TransferError):
+        files.ensure_dirs(sandbox, ["/logs/reward.txt/below"], OWNER)
