@@ -168,6 +168,9 @@ class Sandbox:
     @property
     def network_enabled(self) -> bool:
         """Whether the sandbox has a network interface besides loopback now (False while it is stopped)."""
+        if self.backend == "microvm":
+            vm = self._vm()
+            return vm is not None and self.limits.get("network", False) and vm.network_connected
         profile = self._profile()
         if profile is None:
             return False
@@ -178,20 +181,19 @@ class Sandbox:
         return any(line.split(":")[0].strip() != "lo" for line in interfaces)
 
     def set_network(self, enabled: bool) -> None:
-        """Connects the running sandbox to podman's network, or disconnects it (only loopback is left);
-        commands, running ones too, see the change at once. Asking for what already is, is a no-op.
+        """Connects the running sandbox to podman's network, or disconnects it (only loopback is left;
+        a microVM's link goes down with its way out); commands, running ones too, see the change at once. Asking for what already is, is a no-op.
         Remembered in the sandbox's limits (`network_connected`), which its checkpoints keep: a restart
         and a branch come back as it was last switched (an agent phase without network stays so)."""
-        if self.backend == "microvm":
-            if enabled:
-                raise SandboxStateError(f"sandbox {self.id} is a microVM, and microVMs have no network yet")
-            return
         if enabled and not self.limits.get("network", True):
             raise SandboxStateError(f"sandbox {self.id} was created without network (network=False); "
                                     "it cannot be connected")
         if not self.running:
             raise SandboxStateError(f"sandbox {self.id} is not running, so its network cannot be switched")
-        if self.network_enabled != enabled:
+        if self.backend == "microvm":
+            if self.limits.get("network") and (vm := self._vm()) is not None:
+                microvm.set_network(vm, self.container, enabled)
+        elif self.network_enabled != enabled:
             try:
                 podman.set_network(self.container, enabled)
             except CommandError:
@@ -217,7 +219,8 @@ class Sandbox:
         cwd = cwd or config.workdir or "/"
         env = dict(env or {})
         if vm is not None:
-            return vm.exec(argv, cwd=cwd, env=config.env | self.limits.get("env", {}) | env,
+            host = trust.container_env(trust.host_trust(self.limits.get("host_trust")))
+            return vm.exec(argv, cwd=cwd, env=host | config.env | self.limits.get("env", {}) | env,
                            user=str(user if user is not None else config.user or "0"), timeout=timeout,
                            max_output=max_output, cancel=cancel)
         if self.store.runtime_bin is not None:
@@ -299,8 +302,7 @@ class Sandbox:
 
     def stop(self) -> None:
         if self.backend == "microvm":
-            if (vm := self._vm()) is not None:
-                vm.kill()
+            microvm.stop(self._vm(), self.container if self.limits.get("network") else None)
             return
         podman.remove_container(self.container)
         self.profile_path.unlink(missing_ok=True)
@@ -415,16 +417,15 @@ class Store:
             image = self.resolve_image(image)
         inherited = from_checkpoint.limits if from_checkpoint else DEFAULT_LIMITS
         kind = _backend_of(from_checkpoint, backend or self.backend)
-        if kind == "microvm" and network:
-            raise StoreError("microVMs have no network yet: create it without network, or as a container")
         asked = {"memory": memory, "pids": pids, "cpus": cpus, "network": network, "host_trust": host_trust,
                  "env": env or None}
         limits = inherited | {k: v for k, v in asked.items() if v is not None}
         limits.setdefault("host_trust", trust.enabled_by_config())
         if network is not None:  # asked for explicitly: not as the checkpoint's sandbox was last switched
             limits.pop("network_connected", None)
-        if kind == "microvm":
-            limits |= {"backend": "microvm", "network": False}
+        if kind == "microvm":  # no network unless asked for (or its checkpoint's sandbox had it)
+            limits |= {"backend": "microvm", "network": bool(network if network is not None else
+                                                             from_checkpoint and inherited.get("network"))}
             if from_checkpoint and microvm.has_memory(from_checkpoint.path):
                 microvm.check_resumable(from_checkpoint.limits, limits)
         sandbox_id = _new_id("sb")
@@ -469,7 +470,9 @@ class Store:
         confinement.write(confinement.capture(container_id) | {"freeze_lock": str(lock)}, sandbox.profile_path)
 
     def _start_vm(self, sandbox: Sandbox) -> None:
-        microvm.start(self.root, sandbox.path, sandbox.profile_path.parent, sandbox.limits, sandbox.id)
+        microvm.start(self.root, sandbox.path, sandbox.profile_path.parent, sandbox.limits, sandbox.id,
+                      holder=sandbox.container, labels={LABEL: sandbox.id, STORE_LABEL: str(self.root)},
+                      trust=trust.host_trust(sandbox.limits.get("host_trust")))
 
     def sandbox(self, sandbox_id: str) -> Sandbox:
         row = self.meta.one("SELECT * FROM sandboxes WHERE id = ?", sandbox_id)

@@ -6,18 +6,22 @@ import asyncio
 import hashlib
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from sprout.sandbox import Sandbox, SandboxStateError, Store, StoreError
+from sprout.sandbox import Sandbox, SandboxStateError, Store, StoreError, podman
 from sprout.sandbox.microvm import vm as vm_module
 from sprout.sandbox.microvm.backend import DISK_FILE, MEMORY_FILE
 from sprout.sandbox.microvm.vm import VMError
+from sprout.sandbox.store import LABEL
 from sprout.tasks.cancellable import exec_async
-from tests.conftest import PYTHON_IMAGE, removing_what_is_made
+from tests.conftest import PYTHON_IMAGE, REPO, bridge_gateway, removing_what_is_made
+from tests.sandbox.test_network_switch import greeter
 
 SERVER = ("mkdir -p /srv && cd /srv && echo served-from-turn-2 > index.html && "
           "nohup python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 & sleep 1")
@@ -115,6 +119,19 @@ def test_a_cancelled_command_is_killed_in_the_guest(machine):
     time.sleep(0.2)
     assert machine.exec("ps -eo args | grep -c '^sleep 30[23]' || true").output.strip() == "0"
     assert machine.exec("echo next").output == "next\n"  # the agent serves the next command
+
+
+def test_the_next_client_is_served_after_one_killed_mid_command(vms, machine):
+    """A process SIGKILLed while its command runs in the guest: the next client's ping, which comes
+    mid-command, is answered once that command ends (not taken for a cancel, not lost)."""
+    code = f"from sprout.sandbox import Store; Store({str(vms.root)!r}).sandbox({machine.id!r}).exec('sleep 6')"
+    child = subprocess.Popen([sys.executable, "-c", code], cwd=REPO)
+    time.sleep(3)  # its command runs in the guest
+    child.kill()
+    child.wait()
+    started = time.monotonic()
+    assert machine.exec("echo next").output == "next\n"
+    assert time.monotonic() - started < 20 and machine.running
 
 
 def test_output_keeps_its_head_and_tail_past_the_cap(machine):
@@ -235,12 +252,26 @@ def test_gc_reaps_a_vm_whose_owner_was_killed(vms):
     assert pid not in qemu_processes(vms)
 
 
-def test_microvms_refuse_network(vms, machine):
-    with pytest.raises(StoreError, match="no network"):
-        vms.create_sandbox(PYTHON_IMAGE, network=True)
-    with pytest.raises(SandboxStateError, match="no network"):
+def test_a_microvm_has_no_network_unless_asked(vms, machine):
+    assert "eth0" not in machine.exec("cat /proc/net/dev").output and not machine.network_enabled
+    with pytest.raises(SandboxStateError, match="created without network"):
         machine.set_network(True)
-    assert not machine.network_enabled
+
+
+def test_a_networked_guest_reaches_out_as_a_container_does_but_not_the_hosts_loopback(vms):
+    """QEMU's user-mode network maps the guest's 10.0.2.2 to the loopback of QEMU's namespace: that is
+    the holder's, empty, so services the host keeps on 127.0.0.1 stay out of the guest's reach."""
+    sandbox = new_vm(vms, network=True)  # the bridge exists while a sandbox (here its holder) is on it
+    gateway = bridge_gateway()
+    with greeter("127.0.0.1") as private, greeter(gateway) as public:
+        probe = "timeout 5 bash -c 'exec 3<>/dev/tcp/{}/{} && cat <&3'"
+        assert sandbox.exec(probe.format(gateway, public)).output == "hello from the host\n"
+        for host in ("10.0.2.2", "127.0.0.1"):
+            refused = sandbox.exec(probe.format(host, private))
+            assert refused.exit_code != 0 and "hello" not in refused.output, (host, refused.output)
+        holder = sandbox.container
+        sandbox.destroy()
+    assert holder not in podman.container_names(f"{LABEL}={sandbox.id}")
 
 
 def test_a_killed_qemu_shows_as_stopped_and_restarts(vms):

@@ -348,7 +348,7 @@ def test_fix_is_resolved_and_the_diff_has_untracked_files(calc):
     diff = diff_after(store, instance, "sed -i '$ s/a + b/a * b/' calc/ops.py && printf 'X = 1\\n' > calc/new.py"
                       " && printf '\\x00\\x01' > calc/blob.bin")
     assert "calc/new.py" in diff and "GIT binary patch" in diff and "a * b" in diff
-    grade = grade_instance(store, instance, diff, parsers, timeout_s=120, network=store.backend != "microvm")
+    grade = grade_instance(store, instance, diff, parsers, timeout_s=120)
     assert grade.reward == 1.0 and grade.resolved_exact and grade.resolved_lenient, grade
     assert grade.zero_reason is None and grade.touched_test_paths == []
     assert grade.statuses == {"tests/test_mul.py::test_mul": "PASSED", "tests/test_ops.py::test_add": "PASSED"}

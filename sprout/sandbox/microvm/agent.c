@@ -245,20 +245,44 @@ static void child(int out, char *cwd, const identity_t *who, char **env, char **
     _exit(127);
 }
 
-/* Whether the host sent 'C' (cancel) while a command runs; any other frame is read away. A port
- * without a host reads as end-of-file: it is then not watched any more. */
+/* A request that came while a command ran and was not a cancel: served after the command (a new
+ * client's ping, when the one that started the command died). */
+static unsigned char pending_head[5];
+static char *pending_payload;
+
+/* Reads one frame's payload (the length from its header) into a new buffer, or reads it away when it
+ * is too large (NULL then; *refused set). */
+static char *read_payload(const unsigned char *head, int *refused) {
+    uint32_t len = (uint32_t)head[0] << 24 | head[1] << 16 | head[2] << 8 | head[3];
+    char *payload = malloc(len > MAX_FRAME ? 65536 : len + 1);
+    if (!payload) die("out of memory");
+    *refused = len > MAX_FRAME;
+    if (*refused) {  /* the host never sends these: read it away and refuse it */
+        for (uint32_t left = len; left; left -= left < 65536 ? left : 65536)
+            read_full(payload, left < 65536 ? left : 65536);
+        free(payload);
+        return NULL;
+    }
+    read_full(payload, len);
+    payload[len] = '\0';
+    return payload;
+}
+
+/* Whether the host sent 'C' (cancel) while a command runs. Any other request is kept for after the
+ * command, and the port is not watched any more (what follows it stays in order); so is a port that
+ * lost its host. */
 static int cancelled(struct pollfd *host) {
     if (host->revents & (POLLHUP | POLLERR) && !(host->revents & POLLIN)) host->fd = -1;  /* no host now */
     if (!(host->revents & POLLIN)) return 0;
-    unsigned char head[5];
-    ssize_t n = read(port, head, 5);
+    ssize_t n = read(port, pending_head, 5);
     if (n <= 0) { host->fd = -1; return 0; }
-    if (n < 5) read_full(head + n, (size_t)(5 - n));
-    uint32_t len = (uint32_t)head[0] << 24 | head[1] << 16 | head[2] << 8 | head[3];
-    char skip[4096];
-    for (uint32_t left = len; left; left -= left < sizeof skip ? left : sizeof skip)
-        read_full(skip, left < sizeof skip ? left : sizeof skip);
-    return head[4] == 'C';
+    if (n < 5) read_full(pending_head + n, (size_t)(5 - n));
+    int refused;
+    char *payload = read_payload(pending_head, &refused);
+    if (pending_head[4] == 'C' || refused) { free(payload); return pending_head[4] == 'C'; }
+    pending_payload = payload;
+    host->fd = -1;
+    return 0;
 }
 
 /* Streams the command's output until it exits (plus a short grace for buffered output: a background
@@ -549,21 +573,21 @@ int main(int argc, char **argv) {
     if (chroot(argv[1]) || chdir("/")) die("cannot enter the sandbox's root");
     for (;;) {
         unsigned char head[5];
-        read_full(head, 5);
-        uint32_t len = (uint32_t)head[0] << 24 | head[1] << 16 | head[2] << 8 | head[3];
-        char *payload = malloc(len > MAX_FRAME ? 65536 : len + 1);
-        if (!payload) die("out of memory");
-        if (len > MAX_FRAME) {  /* the host never sends these: read it away and refuse it */
-            for (uint32_t left = len; left; left -= left < 65536 ? left : 65536)
-                read_full(payload, left < 65536 ? left : 65536);
-            send_text('!', "request too large");
-            free(payload);
-            continue;
+        char *payload;
+        int refused = 0;
+        uint32_t len;
+        if (pending_payload) {
+            memcpy(head, pending_head, 5);
+            payload = pending_payload, pending_payload = NULL;
+        } else {
+            read_full(head, 5);
+            payload = read_payload(head, &refused);
         }
-        read_full(payload, len);
-        payload[len] = '\0';
+        if (refused) { send_text('!', "request too large"); continue; }
+        len = (uint32_t)head[0] << 24 | head[1] << 16 | head[2] << 8 | head[3];
         switch (head[4]) {
             case 'P': send_frame('k', payload, len); break;
+            case 'C': break;  /* a cancel that came after its command ended: nothing to do */
             case 'R': run(payload, len); break;
             case 'S': sync(); send_text('k', ""); break;
             case 'F': freeze(FIFREEZE); break;

@@ -4,16 +4,25 @@ A microVM sandbox's subvolume holds `disk.img` (its filesystem, an ext4 file), s
 snapshots do the work: a checkpoint is a read-only snapshot of that subvolume (O(1)), with
 `memory.bin` beside the disk when the memory was saved; a branch is a writable snapshot of the
 checkpoint. The VM's sockets, console and pid live in the sandbox's state directory.
+
+A VM with network runs its QEMU inside the network namespace of a "holder": a podman container of
+nothing but busybox, named as a container sandbox would be, on the network container sandboxes use.
+QEMU's user-mode network then reaches out exactly as a container does (same bridge, same firewall),
+its host alias (10.0.2.2) is the holder's own empty loopback, not the host's, and switching the
+network is switching the holder's (plus the guest's link).
 """
 
 import fcntl
 import os
 import re
+import shutil
+from contextlib import suppress
 from pathlib import Path
 
-from .. import btrfs
+from .. import btrfs, podman
 from ..errors import StoreError
-from .guest import clone_file, guest_kit, make_disk
+from ..trust import CONTAINER_BUNDLE, HostTrust
+from .guest import BUSYBOX, clone_file, guest_kit, make_disk
 from .vm import MicroVM, VMLimits, choose_accel
 
 DISK_FILE, MEMORY_FILE = "disk.img", "memory.bin"
@@ -64,7 +73,8 @@ def vm_limits(limits: dict) -> VMLimits:
     """vCPUs and memory from the sandbox's limits (`cpus`, `memory` as podman spells them)."""
     cpus, memory = limits.get("cpus"), limits.get("memory")
     return VMLimits(vcpus=max(1, int(-(-float(cpus) // 1))) if cpus else 1,
-                    memory_mb=_megabytes(memory) if memory else DEFAULT_MEMORY_MB)
+                    memory_mb=_megabytes(memory) if memory else DEFAULT_MEMORY_MB,
+                    network=bool(limits.get("network")))
 
 
 def _megabytes(size: str | int) -> int:
@@ -86,23 +96,78 @@ def check_resumable(saved: dict, asked: dict) -> None:
                          f"it cannot resume with {vm_limits(asked)}")
 
 
-def start(store_root: Path, subvolume: Path, run_dir: Path, limits: dict, hostname: str) -> MicroVM:
+def start(store_root: Path, subvolume: Path, run_dir: Path, limits: dict, hostname: str, *, holder: str,
+          labels: dict[str, str], trust: HostTrust) -> MicroVM:
     """Boots the sandbox's disk, or resumes its saved memory when its subvolume holds some (a branch
-    of a memory checkpoint; used once, then removed), and gives the VM its own identity."""
+    of a memory checkpoint; used once, then removed), and gives the VM its own identity, its network
+    as last switched (through `holder`, a container named so) and the host's CA bundle."""
     for name in ("qmp.sock", "agent.sock"):
         if len(str(run_dir / name)) > MAX_SOCKET_PATH:
             raise StoreError(f"the store's path is too long for the VM's sockets ({run_dir / name}); "
                              "use a store at a shorter path")
     memory = subvolume / MEMORY_FILE
-    vm = MicroVM.boot(guest_kit(store_root), subvolume / DISK_FILE, run_dir, limits=vm_limits(limits),
-                      accel=accelerator()[0], incoming=memory if memory.exists() else None)
+    netns = _start_holder(store_root, holder, labels) if limits.get("network") else None
+    try:
+        vm = MicroVM.boot(guest_kit(store_root), subvolume / DISK_FILE, run_dir, limits=vm_limits(limits),
+                          accel=accelerator()[0], incoming=memory if memory.exists() else None, netns=netns)
+    except BaseException:
+        podman.remove_container(holder)
+        raise
     try:
         memory.unlink(missing_ok=True)
         vm.set_identity(hostname)
+        if netns and limits.get("network_connected") is False:  # as it was switched last
+            set_network(vm, holder, False)
+        if trust.ca_bundle:
+            with vm.files() as files:
+                files.write_file(CONTAINER_BUNDLE, Path(trust.ca_bundle).read_bytes(), 0o644, (0, 0))
     except BaseException:
-        vm.kill()
+        stop(vm, holder if netns else None)
         raise
     return vm
+
+
+def stop(vm: MicroVM | None, holder: str | None) -> None:
+    """Kills the VM (its disk stays as it is) and removes its network's holder, if it has one."""
+    if vm is not None:
+        vm.kill()
+    if holder is not None:
+        podman.remove_container(holder)
+
+
+def set_network(vm: MicroVM, holder: str, enabled: bool) -> None:
+    """Connects the VM's way out or cuts it: the holder on or off podman's network, and the guest's
+    link up or down with it."""
+    if vm.network_connected != enabled:
+        podman.set_network(holder, enabled)
+    vm.set_link(enabled)
+
+
+def _start_holder(store_root: Path, name: str, labels: dict[str, str]) -> str:
+    """A fresh holder container (replacing a stale one); the path of its network namespace."""
+    podman.remove_container(name)
+    podman.run_container(podman.ContainerSpec(name=name, rootfs=str(_holder_root(store_root)), env={},
+                                              workdir="/", user="", pids=16, labels=labels))
+    try:
+        return podman.podman("inspect", "-f", "{{.NetworkSettings.SandboxKey}}", name, what="podman inspect")
+    except BaseException:
+        podman.remove_container(name)
+        raise
+
+
+def _holder_root(store_root: Path) -> Path:
+    """The holders' rootfs: busybox, for `sleep`."""
+    root = store_root / "microvm" / "holder"
+    if not (root / "bin" / "sleep").is_symlink():
+        (root / "bin").mkdir(parents=True, exist_ok=True)
+        if not BUSYBOX.exists():
+            raise StoreError("no static busybox: install Debian's busybox-static (ops/setup_podman.sh does)")
+        partial = root / "bin" / f"busybox.{os.getpid()}.partial"
+        shutil.copy2(BUSYBOX, partial)
+        os.replace(partial, root / "bin" / "busybox")
+        with suppress(FileExistsError):
+            (root / "bin" / "sleep").symlink_to("busybox")
+    return root
 
 
 def snapshot(vm: MicroVM | None, subvolume: Path, dest: Path, *, memory: bool) -> None:

@@ -17,13 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import StoreError
+from ..trust import CONTAINER_BUNDLE
 
 AGENT_SOURCE = Path(__file__).with_name("agent.c")
 BUSYBOX = Path("/usr/bin/busybox")
 GUEST_ROOT = "/newroot"
 # Loaded in this order: each needs the ones before it (Debian builds them as modules).
-MODULES = ["virtio_ring", "virtio", "virtio_mmio", "virtio_blk", "virtio_console",
-           "crc16", "mbcache", "jbd2", "crc32c_generic", "ext4"]
+MODULES = ["virtio_ring", "virtio", "virtio_mmio", "virtio_blk", "virtio_console", "failover", "net_failover",
+           "virtio_net", "crc16", "mbcache", "jbd2", "crc32c_generic", "ext4"]
+# QEMU's user-mode network (slirp): the guest's address, its gateway and its DNS forwarder.
+GUEST_ADDRESS, GATEWAY, NAMESERVER = "10.0.2.15/24", "10.0.2.2", "10.0.2.3"
 DISK_HEADROOM_BYTES = 1 << 30  # free space a new sandbox's disk gets beyond its image's files
 
 INIT_SCRIPT = f"""#!/bin/busybox sh
@@ -33,6 +36,15 @@ fail() {{ echo "sprout-init: $*"; poweroff -f; }}
 for module in {" ".join(MODULES)}; do insmod /modules/$module.ko || fail "cannot load $module"; done
 ip link set lo up || fail "cannot bring up the loopback interface"
 mount -t ext4 -o rw /dev/vda {GUEST_ROOT} || fail "cannot mount the sandbox's disk"
+# over a file of the disk, as podman mounts over a container's (a link there is the guest's own choice)
+over() {{ t={GUEST_ROOT}$2; [ -L $t ] && return; mkdir -p ${{t%/*}} && touch $t && mount --bind $1 $t; }}
+if [ -e /sys/class/net/eth0 ]; then
+  ip link set eth0 up && ip addr add {GUEST_ADDRESS} dev eth0 || fail "cannot configure eth0"
+  ip route add default via {GATEWAY} || fail "cannot route through {GATEWAY}"
+  echo "nameserver {NAMESERVER}" > /resolv.conf && over /resolv.conf /etc/resolv.conf
+fi
+# the host writes its CA bundle into this file of the initramfs (RAM): checkpoints never hold it
+touch /host-ca.crt && over /host-ca.crt {CONTAINER_BUNDLE}
 for dir in proc sys dev tmp; do mkdir -p {GUEST_ROOT}/$dir; done
 mount -t proc proc {GUEST_ROOT}/proc && mount -t sysfs sys {GUEST_ROOT}/sys
 mount -t devtmpfs dev {GUEST_ROOT}/dev && mkdir -p {GUEST_ROOT}/dev/pts {GUEST_ROOT}/dev/shm

@@ -42,6 +42,7 @@ MIGRATE_TIMEOUT_S = 600.0
 KILL_WAIT_S = 10.0
 MAX_FIELDS = 4000  # the agent reads at most 4095 NUL-separated fields per command
 LOG_TAIL_BYTES = 2000
+NET_DEVICE = "net0"
 
 
 class VMError(SproutError):
@@ -52,6 +53,7 @@ class VMError(SproutError):
 class VMLimits:
     vcpus: int = 1
     memory_mb: int = 512
+    network: bool = False  # a virtio-net device on QEMU's user-mode network (else only loopback)
 
 
 def choose_accel(requested: str = "auto") -> tuple[str, str]:
@@ -79,9 +81,10 @@ class MicroVM:
 
     @classmethod
     def boot(cls, kit: GuestKit, disk: Path, run_dir: Path, *, limits: VMLimits = VMLimits(),
-             accel: str = "auto", incoming: Path | None = None) -> "MicroVM":
+             accel: str = "auto", incoming: Path | None = None, netns: str | None = None) -> "MicroVM":
         """Starts QEMU on `disk` and waits until its agent answers. With `incoming`, the VM resumes
-        that memory image (saved with the same disk) instead of booting its kernel."""
+        that memory image (saved with the same disk) instead of booting its kernel. QEMU runs in the
+        network namespace `netns` when given: its user-mode network reaches out from there."""
         chosen, _ = choose_accel(accel)
         run_dir.mkdir(parents=True, exist_ok=True)
         with _locked(run_dir, "boot"):
@@ -89,7 +92,8 @@ class MicroVM:
                 raise VMError(f"a VM already runs in {run_dir}")
             for name in ("qmp.sock", "agent.sock", "console.log", "qemu.pid", "vm.json"):
                 (run_dir / name).unlink(missing_ok=True)
-            started = subprocess.run(_qemu_argv(kit, disk, run_dir, limits, chosen, incoming),
+            enter = ["nsenter", f"--net={netns}"] if netns else []
+            started = subprocess.run(enter + _qemu_argv(kit, disk, run_dir, limits, chosen, incoming),
                                      stdin=subprocess.DEVNULL, capture_output=True, text=True)
             if started.returncode != 0:
                 raise VMError(f"QEMU did not start: {started.stderr.strip()}")
@@ -184,6 +188,20 @@ class MicroVM:
         guest could otherwise fill the host's disk through it."""
         with self._qmp() as qmp:
             qmp.cmd("chardev-change", id="serial0", backend={"type": "null", "data": {}})
+
+    @property
+    def network_connected(self) -> bool:
+        """Whether QEMU's network namespace has an interface besides loopback (its way out)."""
+        try:
+            interfaces = Path(f"/proc/{self.pid}/net/dev").read_text().splitlines()[2:]
+        except OSError:
+            return False
+        return any(line.split(":")[0].strip() != "lo" for line in interfaces)
+
+    def set_link(self, up: bool) -> None:
+        """The guest's network link up or down (its carrier, as a cable plugged in or pulled)."""
+        with self._qmp() as qmp:
+            qmp.cmd("set_link", name=NET_DEVICE, up=up)
 
     def pause(self) -> None:
         """Stops the guest's CPUs (a test's stand-in for a wedged guest)."""
@@ -378,6 +396,8 @@ def _qemu_argv(kit: GuestKit, disk: Path, run_dir: Path, limits: VMLimits, accel
         "-device", "virtserialport,chardev=agent,name=sprout.agent",
         "-qmp", f"unix:{run_dir / 'qmp.sock'},server=on,wait=off",
     ]
+    if limits.network:
+        argv += ["-netdev", f"user,id={NET_DEVICE}", "-device", f"virtio-net-device,netdev={NET_DEVICE}"]
     if incoming is not None:
         argv += ["-incoming", f"exec:cat {shlex.quote(str(incoming))}"]
     return argv
