@@ -214,7 +214,7 @@ def run_rollout(spec: RolloutSpec, store: Store, on_event: Callable[[TurnEvent],
         parent = ParentRef(journal=str(spec.from_journal), turn=turn.turn, checkpoint=turn.checkpoint, note=spec.note)
         spec.task = parent_journal.header.task
     elif sandbox is None:
-        sandbox = store.create_sandbox(spec.image, label=f"rollout {spec.journal.name}")
+        sandbox = store.create_sandbox(spec.image, network=True, label=f"rollout {spec.journal.name}")
     env = SandboxEnvironment(sandbox, **(config.get("environment", {}) | {
         "cwd": spec.cwd, "timeout": spec.command_timeout_s}))
     agent_config = {k: v for k, v in config["agent"].items() if k in ("system_template", "instance_template",

@@ -48,7 +48,7 @@ def cmd_images(args) -> int:
 def cmd_create(args) -> int:
     store = _store(args)
     sandbox = store.create_sandbox(args.image, memory=args.memory, pids=args.pids, cpus=args.cpus,
-                                   network=False if args.no_network else None, label=args.label,
+                                   network=args.network, label=args.label,
                                    host_trust=False if args.no_host_trust else None, backend=args.backend)
     console.print(sandbox.id)
     return 0
@@ -164,13 +164,16 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--memory", help="memory limit, e.g. 2g (default 4g)")
     s.add_argument("--pids", type=int, help="process limit (default 4096)")
     s.add_argument("--cpus", type=float, help="CPU limit")
-    s.add_argument("--no-network", action="store_true", help="no network at all (default: own namespace with network)")
+    network = s.add_mutually_exclusive_group()
+    network.add_argument("--network", action="store_true", default=None,
+                         help="on podman's network (the default for a container; a microVM has none unless asked)")
+    network.add_argument("--no-network", dest="network", action="store_false", help="only loopback")
     s.add_argument("--no-host-trust", action="store_true",
                    help="neither the host's CA bundle nor its proxy variables (default: $SPROUT_HOST_TRUST)")
     s.add_argument("--label")
     s.add_argument("--backend", choices=["container", "microvm"], default="container",
                    help="container (podman) or microvm (a QEMU VM of the image: its own kernel, and "
-                        "checkpoints that can save its memory; no network yet)")
+                        "checkpoints that can save its memory)")
     s.set_defaults(func=cmd_create)
 
     s = sub.add_parser("exec", help="run a command in a sandbox; exit status is the command's")

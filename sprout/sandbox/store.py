@@ -219,7 +219,7 @@ class Sandbox:
         cwd = cwd or config.workdir or "/"
         env = dict(env or {})
         if vm is not None:
-            host = trust.container_env(trust.host_trust(self.limits.get("host_trust")))
+            host = microvm.host_env(vm.run_dir)
             return vm.exec(argv, cwd=cwd, env=host | config.env | self.limits.get("env", {}) | env,
                            user=str(user if user is not None else config.user or "0"), timeout=timeout,
                            max_output=max_output, cancel=cancel)

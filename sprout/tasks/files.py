@@ -4,10 +4,11 @@ Both follow the sandbox's own links inside the sandbox only, and the host only e
 """
 
 import os
+import tempfile
 from pathlib import Path, PurePosixPath
 
 from ..sandbox import Sandbox, rootfs
-from ..sandbox.microvm.files import GuestFileError
+from ..sandbox.microvm.files import GuestFileError, GuestFiles
 from . import transfer
 from .transfer import TransferError
 
@@ -22,18 +23,19 @@ def ensure_dirs(sandbox: Sandbox, paths: list[str], owner: tuple[int, int]) -> N
 
 
 def upload_file(sandbox: Sandbox, source: Path, target: str, owner: tuple[int, int]) -> None:
-    """Into TARGET, or inside it when it is a directory."""
+    """Into TARGET, or inside it when it is a directory (a link there is followed, inside the sandbox)."""
     if sandbox.backend != "microvm":
         return transfer.upload_file(sandbox.rootfs, source, target, owner)
     with sandbox.guest_files() as files:
         if target.endswith("/") or _guard(files.kind, target) == "dir":
             target = str(PurePosixPath(target) / Path(source).name)
         _guard(files.make_dirs, str(PurePosixPath(target).parent), owner)
-        _guard(files.write_file, target, Path(source).read_bytes(), Path(source).stat().st_mode & 0o7777, owner)
+        _write(files, Path(source), target, owner, follow=True)
 
 
 def upload_dir(sandbox: Sandbox, source: Path, target: str, owner: tuple[int, int]) -> None:
-    """Merges DIR's contents into TARGET (symlinks copied as links)."""
+    """Merges DIR's contents into TARGET (symlinks copied as links; a link in TARGET where a file goes
+    is refused)."""
     if sandbox.backend != "microvm":
         return transfer.upload_dir(sandbox.rootfs, source, target, owner)
     source = Path(source)
@@ -51,19 +53,22 @@ def upload_dir(sandbox: Sandbox, source: Path, target: str, owner: tuple[int, in
                 elif local.is_dir():
                     _guard(files.make_dirs, inside, owner)
                 else:
-                    _guard(files.write_file, inside, local.read_bytes(), local.stat().st_mode & 0o7777, owner)
+                    _write(files, local, inside, owner, follow=False)
             dirs[:] = [d for d in dirs if not (Path(current) / d).is_symlink()]
 
 
 def read_file(sandbox: Sandbox, path: str, max_bytes: int) -> bytes | None:
-    """The bytes of a regular file in the sandbox (None when absent); TransferError for anything else."""
-    if sandbox.backend != "microvm":
+    """The bytes of a regular file in the sandbox (None when absent), read in chunks; TransferError for
+    anything else there or a larger file."""
+    if sandbox.backend == "microvm":
+        with sandbox.guest_files() as files:
+            return _guard(files.read_file, path, max_bytes)
+    with tempfile.TemporaryDirectory(prefix="sprout-read-") as tmp:
+        local = Path(tmp) / "file"
         try:
-            return rootfs.read_file(sandbox.rootfs, path, max_bytes)
+            return local.read_bytes() if rootfs.copy_out(sandbox.rootfs, path, local, max_bytes) else None
         except rootfs.UnsafeFile as e:
             raise TransferError(str(e)) from None
-    with sandbox.guest_files() as files:
-        return _guard(files.read_file, path, max_bytes)
 
 
 def download_file(sandbox: Sandbox, source: str, target: Path) -> None:
@@ -74,11 +79,9 @@ def download_file(sandbox: Sandbox, source: str, target: Path) -> None:
     if target.is_dir():
         target = target / PurePosixPath(source).name
     target.parent.mkdir(parents=True, exist_ok=True)
-    with sandbox.guest_files() as files, open(target, "wb") as sink:
-        found = _guard(files.copy_out, source, sink, rootfs.MAX_COPY_BYTES)
-    if not found:
-        target.unlink()
-        raise TransferError(f"{source} is not a file in the sandbox")
+    with sandbox.guest_files() as files:
+        if not _guard(_copy_out, files, source, target):
+            raise TransferError(f"{source} is not a file in the sandbox")
 
 
 def download_dir(sandbox: Sandbox, source: str, target: Path) -> None:
@@ -94,19 +97,34 @@ def download_dir(sandbox: Sandbox, source: str, target: Path) -> None:
         target.mkdir(parents=True, exist_ok=True)
         for rel, kind in sorted(listing.items()):
             host = target / rel
-            if rel == "." or not _inside(target, host):
+            if rel in ("", ".") or not _inside(target, host) or kind == "other":
                 continue
-            if kind == "dir":
-                host.mkdir(parents=True, exist_ok=True)
-            elif kind == "file" and not host.is_symlink():
-                host.parent.mkdir(parents=True, exist_ok=True)
-                with open(host, "wb") as sink:
-                    try:
-                        found = files.copy_out(str(PurePosixPath(source) / rel), sink, rootfs.MAX_COPY_BYTES)
-                    except GuestFileError:
-                        found = False  # oversized, or replaced meanwhile by something that is not a file
-                if not found:
-                    host.unlink()
+            try:
+                if kind == "dir":
+                    host.mkdir(parents=True, exist_ok=True)
+                elif not host.is_symlink():
+                    host.parent.mkdir(parents=True, exist_ok=True)
+                    _copy_out(files, str(PurePosixPath(source) / rel), host)
+            except (GuestFileError, OSError):
+                continue  # oversized, replaced meanwhile, or a name that clashes with one listed before
+
+
+def _write(files: GuestFiles, local: Path, inside: str, owner: tuple[int, int], *, follow: bool) -> None:
+    with open(local, "rb") as data:
+        _guard(lambda: files.write_file(inside, data, local.stat().st_mode & 0o7777, owner, follow=follow))
+
+
+def _copy_out(files: GuestFiles, inside: str, host: Path) -> bool:
+    """The guest's file at `inside` into `host`, whole or not at all (a partial copy never replaces it)."""
+    partial = host.with_name(f".{host.name}.sprout-partial")
+    try:
+        with open(partial, "wb") as sink:
+            found = files.copy_out(inside, sink, rootfs.MAX_COPY_BYTES)
+        if found:
+            os.replace(partial, host)
+        return found
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def _guard(operation, *args):

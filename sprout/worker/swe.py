@@ -39,7 +39,7 @@ def run_swe_rollout(store: Store, spec: RolloutSpec, ref: SweRebenchRef, *, grad
     sandbox = None  # a branch starts from its checkpoint
     if spec.from_journal is None:
         ensure_present(store, instance.image_name, pull_policy(None), what=f"instance {instance.instance_id}'s image")
-        sandbox = store.create_sandbox(store.import_image(instance.image_name), label=label)
+        sandbox = store.create_sandbox(store.import_image(instance.image_name), network=True, label=label)
     graded: list[SweGrade] = []
 
     def grade_at_the_end(live: Sandbox, outcome: Outcome) -> None:

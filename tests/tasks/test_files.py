@@ -80,9 +80,11 @@ def test_what_the_sandbox_plants_neither_leaks_the_host_nor_blocks_the_copy(stor
     assert time.monotonic() - started < 10
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == ["reward.txt", "sub", "sub/inside", "through"]
     assert (out / "sub" / "inside").read_text() == "1\n"
-    for name in ("fifo", "leak", "dir-link"):
+    (tmp_path / "got").write_text("kept\n")
+    for name in ("fifo", "leak", "dir-link", "absent"):
         with pytest.raises(TransferError):
             files.download_file(sandbox, f"/logs/{name}", tmp_path / "got")
+    assert (tmp_path / "got").read_text() == "kept\n"  # a refused copy leaves the target as it was
     with pytest.raises(TransferError, match="not a directory"):
         files.download_dir(sandbox, "/logs/reward.txt", out)
 
@@ -95,3 +97,18 @@ def test_what_the_sandbox_plants_neither_leaks_the_host_nor_blocks_the_copy(stor
     assert sandbox.exec("cat /logs/reward.txt").output == "from the host\n"
     with pytest.raises(TransferError):
         files.ensure_dirs(sandbox, ["/logs/reward.txt/below"], OWNER)
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "inside").write_text("over a link\n")
+    with pytest.raises(TransferError):  # a directory's upload does not write through a link in the target
+        files.upload_dir(sandbox, tree, "/logs", OWNER)
+    assert sandbox.exec("cat /logs/reward.txt").output == "from the host\n"
+
+
+@backends
+def test_a_link_to_a_directory_downloads_as_that_directory(store, tmp_path):
+    sandbox = sandbox_of(store)
+    made = sandbox.exec("mkdir -p /data/real && echo a > /data/real/a && ln -s /data/real /data/link", user="0")
+    assert made.exit_code == 0, made.output
+    files.download_dir(sandbox, "/data/link", tmp_path / "out")
+    assert [(p.name, p.read_text()) for p in (tmp_path / "out").iterdir()] == [("a", "a\n")]

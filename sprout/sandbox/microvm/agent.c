@@ -7,7 +7,8 @@
  *   host -> guest  'P' ping with a token            -> 'k' with the same token
  *                  'R' run: NUL-separated fields     -> 'o' output chunks..., then 'x' "<code> <timed_out>"
  *                      cwd, user, timeout_ms, env count, env "K=V"..., argv...; a 'C' sent while it
- *                      runs cancels it (its processes are killed as on timeout)
+ *                      runs cancels it (its processes are killed as on timeout), and so does its host
+ *                      hanging up or another client's request (served after it)
  *                  'S' sync the filesystems         -> 'k'
  *                  'F' freeze the root filesystem   -> 'k'   (sync + FIFREEZE: the disk is consistent)
  *                  'T' thaw it                      -> 'k'
@@ -15,7 +16,8 @@
  *                  'M' make dirs: path, mode, uid, gid   -> 'k'  (mkdir -p; new dirs get the owner and
  *                      mode, the last one the mode too; mode "" leaves modes as they are)
  *                  'W' write: kind, path, mode, uid, gid, data -> 'k'  (kind f: a regular file, links
- *                      followed; a: append to it; l: a symlink to data, replacing one; parents must exist)
+ *                      followed; n: the same, refusing a link there; a: append to it; l: a symlink to
+ *                      data, replacing a link or file; parents must exist)
  *                  'G' get: path, max bytes          -> 'd' data chunks..., then 'k'; 'n' when absent
  *                  'L' list: path, recursive "0"/"1" -> 'l' records..., then 'k'; 'n' when absent. A
  *                      record is a kind (f regular file, d directory, o anything else) and a path relative
@@ -36,6 +38,7 @@
 #include <ftw.h>
 #include <glob.h>
 #include <grp.h>
+#include <limits.h>
 #include <linux/fs.h>
 #include <linux/random.h>
 #include <poll.h>
@@ -84,17 +87,20 @@ static void send_frame(char type, const void *payload, uint32_t len) {
 
 static void send_text(char type, const char *text) { send_frame(type, text, (uint32_t)strlen(text)); }
 
-/* Reads exactly len bytes. While the host is not connected the port reads as end-of-file; the
- * agent then sleeps until the port signals a connection (SIGIO), or a second passes. */
-static void read_full(void *buf, size_t len) {
+/* Reads exactly len bytes of a frame. While no host is connected the port reads as end-of-file; the
+ * agent then sleeps until the port signals a connection (SIGIO), or a second passes. A host that
+ * hangs up in the middle of a frame (`started`, or once a byte of it came) abandons it: -1. */
+static int read_full(void *buf, size_t len, int started) {
     char *p = buf;
     struct timespec second = {1, 0};
     while (len > 0) {
         ssize_t n = read(port, p, len);
-        if (n > 0) { p += n, len -= (size_t)n; continue; }
+        if (n > 0) { p += n, len -= (size_t)n, started = 1; continue; }
         if (n < 0 && errno != EINTR && errno != EAGAIN) die("read from the host");
+        if (n == 0 && started) return -1;
         sigtimedwait(&sigio, NULL, &second);
     }
+    return 0;
 }
 
 static long long now_ms(void) {
@@ -250,39 +256,41 @@ static void child(int out, char *cwd, const identity_t *who, char **env, char **
 static unsigned char pending_head[5];
 static char *pending_payload;
 
-/* Reads one frame's payload (the length from its header) into a new buffer, or reads it away when it
- * is too large (NULL then; *refused set). */
-static char *read_payload(const unsigned char *head, int *refused) {
+enum { FRAME_OK, FRAME_TOO_LARGE, FRAME_ABANDONED };
+
+/* Reads one frame's payload (the length from its header) into a new buffer; NULL when it is too large
+ * (read away) or its host hung up before the end, as *status says. */
+static char *read_payload(const unsigned char *head, int *status) {
     uint32_t len = (uint32_t)head[0] << 24 | head[1] << 16 | head[2] << 8 | head[3];
     char *payload = malloc(len > MAX_FRAME ? 65536 : len + 1);
     if (!payload) die("out of memory");
-    *refused = len > MAX_FRAME;
-    if (*refused) {  /* the host never sends these: read it away and refuse it */
-        for (uint32_t left = len; left; left -= left < 65536 ? left : 65536)
-            read_full(payload, left < 65536 ? left : 65536);
-        free(payload);
-        return NULL;
+    *status = FRAME_OK;
+    if (len > MAX_FRAME) {  /* the host never sends these: read it away and refuse it */
+        for (uint32_t left = len; left && *status == FRAME_OK; left -= left < 65536 ? left : 65536)
+            if (read_full(payload, left < 65536 ? left : 65536, 1)) *status = FRAME_ABANDONED;
+        if (*status == FRAME_OK) *status = FRAME_TOO_LARGE;
+    } else if (read_full(payload, len, 1)) {
+        *status = FRAME_ABANDONED;
     }
-    read_full(payload, len);
+    if (*status != FRAME_OK) { free(payload); return NULL; }
     payload[len] = '\0';
     return payload;
 }
 
-/* Whether the host sent 'C' (cancel) while a command runs. Any other request is kept for after the
- * command, and the port is not watched any more (what follows it stays in order); so is a port that
- * lost its host. */
-static int cancelled(struct pollfd *host) {
-    if (host->revents & (POLLHUP | POLLERR) && !(host->revents & POLLIN)) host->fd = -1;  /* no host now */
+/* Whether the command is to be cut short: the host sent 'C' (cancel) or hung up. Requests are served
+ * one client at a time, so any other request means a new client, and the one that started the
+ * command is gone: that request is kept for after the command, which is cancelled (a dead client's
+ * command must not hold the agent). */
+static int cancelled(const struct pollfd *host) {
+    if (host->revents & (POLLHUP | POLLERR) && !(host->revents & POLLIN)) return 1;
     if (!(host->revents & POLLIN)) return 0;
     ssize_t n = read(port, pending_head, 5);
-    if (n <= 0) { host->fd = -1; return 0; }
-    if (n < 5) read_full(pending_head + n, (size_t)(5 - n));
-    int refused;
-    char *payload = read_payload(pending_head, &refused);
-    if (pending_head[4] == 'C' || refused) { free(payload); return pending_head[4] == 'C'; }
-    pending_payload = payload;
-    host->fd = -1;
-    return 0;
+    int status;
+    if (n <= 0 || (n < 5 && read_full(pending_head + n, (size_t)(5 - n), 1))) return 1;
+    char *payload = read_payload(pending_head, &status);
+    if (pending_head[4] != 'C' && status == FRAME_OK) pending_payload = payload;
+    else free(payload);
+    return 1;
 }
 
 /* Streams the command's output until it exits (plus a short grace for buffered output: a background
@@ -299,7 +307,7 @@ static int stream(int out, long long deadline) {
         if (exited_at >= 0 && (p[0].fd < 0 || now - exited_at > EXIT_GRACE_MS)) return 0;
         if (deadline > 0 && now >= deadline) return 1;
         if (poll(p, 2, p[0].fd < 0 ? 5 : 20) <= 0) continue;
-        if (cancelled(&p[1])) return 1;
+        if (p[1].fd >= 0 && cancelled(&p[1])) return 1;
         if (!(p[0].revents & (POLLIN | POLLHUP))) continue;
         ssize_t n = read(out, buf, sizeof buf);
         if (n > 0) send_frame('o', buf, (uint32_t)n);
@@ -431,9 +439,12 @@ static int make_dirs(char *path, long mode, uid_t uid, gid_t gid) {
         struct stat st;
         if (*path && mkdir(path, 0755) == 0) {
             if (chown(path, uid, gid) || (mode >= 0 && chmod(path, (mode_t)mode))) return -1;
-        } else if (*path && (stat(path, &st) || !S_ISDIR(st.st_mode))) {
-            if (!errno || errno == EEXIST) errno = ENOTDIR;
-            return -1;
+        } else if (*path) {
+            int failed = errno;  /* EEXIST: fine if it is a directory (or a link to one) */
+            if (stat(path, &st) || !S_ISDIR(st.st_mode)) {
+                errno = failed == EEXIST ? ENOTDIR : failed;
+                return -1;
+            }
         }
         if (slash) *slash = '/';
     }
@@ -458,13 +469,16 @@ static void write_request(char *payload, uint32_t len) {
     gid_t gid = (gid_t)atol(f[4]);
     if (f[0][0] == 'l') {
         struct stat st;
-        if (lstat(path, &st) == 0 && (S_ISDIR(st.st_mode) || unlink(path))) { errno = EISDIR; refuse("cannot replace", path); return; }
+        if (lstat(path, &st) == 0) {
+            if (S_ISDIR(st.st_mode)) errno = EISDIR;
+            if (S_ISDIR(st.st_mode) || unlink(path)) { refuse("cannot replace", path); return; }
+        }
         if (symlink(data, path) || lchown(path, uid, gid)) refuse("cannot make the link", path);
         else send_text('k', "");
         return;
     }
-    int append = f[0][0] == 'a';
-    int fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC | (append ? O_APPEND : O_CREAT), 0600);
+    int append = f[0][0] == 'a', follow = f[0][0] != 'n';
+    int fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC | (append ? O_APPEND : O_CREAT) | (follow ? 0 : O_NOFOLLOW), 0600);
     struct stat st;
     if (fd < 0) { refuse("cannot write", path); return; }
     if (fstat(fd, &st) || !S_ISREG(st.st_mode)) { close(fd); not_regular(path); return; }
@@ -515,9 +529,8 @@ static char kind_of(const char *path, const struct stat *lst) {
 }
 
 static int list_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    (void)flag;
-    if (ftw->level > 0) record(kind_of(path, st), path + list_root_len + 1);
-    return 0;
+    if (ftw->level > 0 && flag != FTW_NS) record(kind_of(path, st), path + list_root_len + 1);
+    return 0;  /* FTW_NS: gone meanwhile, or unreadable: not listed */
 }
 
 static void list_request(char *payload, uint32_t len) {
@@ -532,10 +545,8 @@ static void list_request(char *payload, uint32_t len) {
     records_len = 0;
     char kind = S_ISREG(st.st_mode) ? 'f' : S_ISDIR(st.st_mode) ? 'd' : 'o';
     record(kind, ".");
-    if (kind == 'd' && f[1][0] == '1') {
-        char root[4096];
-        snprintf(root, sizeof root, "%s", f[0]);
-        for (size_t n = strlen(root); n > 1 && root[n - 1] == '/'; n--) root[n - 1] = '\0';
+    char root[PATH_MAX];
+    if (kind == 'd' && f[1][0] == '1' && realpath(f[0], root)) {  /* a link to a directory is walked too */
         list_root_len = strcmp(root, "/") ? strlen(root) : 0;
         nftw(root, list_entry, 32, FTW_PHYS);
     }
@@ -574,16 +585,17 @@ int main(int argc, char **argv) {
     for (;;) {
         unsigned char head[5];
         char *payload;
-        int refused = 0;
+        int status = FRAME_OK;
         uint32_t len;
         if (pending_payload) {
             memcpy(head, pending_head, 5);
             payload = pending_payload, pending_payload = NULL;
         } else {
-            read_full(head, 5);
-            payload = read_payload(head, &refused);
+            if (read_full(head, 5, 0)) continue;
+            payload = read_payload(head, &status);
         }
-        if (refused) { send_text('!', "request too large"); continue; }
+        if (status == FRAME_TOO_LARGE) send_text('!', "request too large");
+        if (!payload) continue;
         len = (uint32_t)head[0] << 24 | head[1] << 16 | head[2] << 8 | head[3];
         switch (head[4]) {
             case 'P': send_frame('k', payload, len); break;

@@ -13,6 +13,7 @@ network is switching the holder's (plus the guest's link).
 """
 
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -21,11 +22,12 @@ from pathlib import Path
 
 from .. import btrfs, podman
 from ..errors import StoreError
-from ..trust import CONTAINER_BUNDLE, HostTrust
+from ..trust import CONTAINER_BUNDLE, HostTrust, container_env
 from .guest import BUSYBOX, clone_file, guest_kit, make_disk
 from .vm import MicroVM, VMLimits, choose_accel
 
 DISK_FILE, MEMORY_FILE = "disk.img", "memory.bin"
+HOST_ENV_FILE = "host-env.json"  # in the VM's run directory
 DEFAULT_MEMORY_MB = 1024
 ACCEL_VARIABLE = "SPROUT_MICROVM_ACCEL"  # kvm, tcg or auto (the default)
 MAX_SOCKET_PATH = 107
@@ -106,7 +108,7 @@ def start(store_root: Path, subvolume: Path, run_dir: Path, limits: dict, hostna
             raise StoreError(f"the store's path is too long for the VM's sockets ({run_dir / name}); "
                              "use a store at a shorter path")
     memory = subvolume / MEMORY_FILE
-    netns = _start_holder(store_root, holder, labels) if limits.get("network") else None
+    netns, resolv_conf = _start_holder(store_root, holder, labels) if limits.get("network") else (None, None)
     try:
         vm = MicroVM.boot(guest_kit(store_root), subvolume / DISK_FILE, run_dir, limits=vm_limits(limits),
                           accel=accelerator()[0], incoming=memory if memory.exists() else None, netns=netns)
@@ -118,9 +120,12 @@ def start(store_root: Path, subvolume: Path, run_dir: Path, limits: dict, hostna
         vm.set_identity(hostname)
         if netns and limits.get("network_connected") is False:  # as it was switched last
             set_network(vm, holder, False)
-        if trust.ca_bundle:
-            with vm.files() as files:
+        with vm.files() as files:
+            if trust.ca_bundle:
                 files.write_file(CONTAINER_BUNDLE, Path(trust.ca_bundle).read_bytes(), 0o644, (0, 0))
+            if resolv_conf:  # the name servers podman gives the holder, as it gives a container
+                files.write_file("/etc/resolv.conf", resolv_conf, 0o644, (0, 0))
+        (run_dir / HOST_ENV_FILE).write_text(json.dumps(container_env(trust)))
     except BaseException:
         stop(vm, holder if netns else None)
         raise
@@ -143,16 +148,28 @@ def set_network(vm: MicroVM, holder: str, enabled: bool) -> None:
     vm.set_link(enabled)
 
 
-def _start_holder(store_root: Path, name: str, labels: dict[str, str]) -> str:
-    """A fresh holder container (replacing a stale one); the path of its network namespace."""
+def host_env(run_dir: Path) -> dict[str, str]:
+    """The host-trust variables the VM's commands get, as fixed at its start (a container's are too)."""
+    try:
+        return json.loads((run_dir / HOST_ENV_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _start_holder(store_root: Path, name: str, labels: dict[str, str]) -> tuple[str, bytes | None]:
+    """A fresh holder container (replacing a stale one): the path of its network namespace, and the
+    resolv.conf podman made for it (None when it names no name server)."""
     podman.remove_container(name)
     podman.run_container(podman.ContainerSpec(name=name, rootfs=str(_holder_root(store_root)), env={},
                                               workdir="/", user="", pids=16, labels=labels))
     try:
-        return podman.podman("inspect", "-f", "{{.NetworkSettings.SandboxKey}}", name, what="podman inspect")
+        netns, resolv_path = podman.podman("inspect", "-f", "{{.NetworkSettings.SandboxKey}}\n{{.ResolvConfPath}}",
+                                           name, what="podman inspect").splitlines()
+        resolv_conf = Path(resolv_path).read_bytes()
     except BaseException:
         podman.remove_container(name)
         raise
+    return netns, resolv_conf if b"nameserver" in resolv_conf else None
 
 
 def _holder_root(store_root: Path) -> Path:

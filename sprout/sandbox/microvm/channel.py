@@ -4,10 +4,12 @@
 import socket
 import time
 from collections.abc import Callable
+from contextlib import suppress
 
 from ..errors import SproutError
 
 MAX_FRAME = 16 << 20  # the agent's frames are far smaller: a longer one is a guest misbehaving
+SEND_TIMEOUT_S = 60.0  # for the guest to take a request in (it reads as it goes: this is a wedged guest)
 
 
 class ChannelError(SproutError):
@@ -24,11 +26,26 @@ class Channel:
     def __init__(self, sock: socket.socket, alive: Callable[[], bool]):
         self.sock, self.alive = sock, alive
 
-    def send(self, kind: str, payload: bytes = b"") -> None:
+    def send(self, kind: str, payload: bytes = b"", deadline: float | None = None) -> None:
+        """Sends one frame whole by `deadline` (default: SEND_TIMEOUT_S from now). A frame cut short
+        leaves the connection unusable: the agent drops it when the host hangs up."""
         if len(payload) > MAX_FRAME:
             raise ChannelError(f"a request of {len(payload):,} bytes is more than the agent takes "
                                f"({MAX_FRAME:,}): a shorter command or environment, please")
-        self.sock.sendall(frame(kind, payload))
+        left = (deadline if deadline is not None else time.monotonic() + SEND_TIMEOUT_S) - time.monotonic()
+        self.sock.settimeout(max(left, 0.001))
+        try:
+            self.sock.sendall(frame(kind, payload))
+        except TimeoutError:
+            raise ChannelTimeout("the VM did not take a request in time") from None
+        except OSError as e:
+            raise ChannelError(f"the agent's channel failed: {e}") from None
+
+    def interrupt(self, kind: str) -> None:
+        """Sends an empty frame from another thread while this one receives (the socket's timeout,
+        which the receiving thread sets, is left alone; five bytes never wait). Best effort."""
+        with suppress(OSError):
+            self.sock.sendall(frame(kind))
 
     def receive(self, deadline: float, doing: str) -> tuple[str, bytes]:
         head = self.read(5, deadline, doing)
@@ -57,6 +74,8 @@ class Channel:
                 if not self.alive():
                     raise ChannelError(f"QEMU exited ({doing})") from None
                 continue
+            except OSError as e:
+                raise ChannelError(f"the agent's channel failed ({doing}): {e}") from None
             if not chunk:
                 raise ChannelError(f"the agent's channel closed ({doing})")
             data += chunk

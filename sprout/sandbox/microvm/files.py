@@ -11,7 +11,7 @@ from ..errors import SproutError
 from .channel import Channel, ChannelError
 
 REQUEST_TIMEOUT_S = 60.0
-CHUNK = 4 << 20  # bytes of a file per request: well under the channel's 16 MiB frames
+CHUNK = 1 << 20  # bytes of a file per request: well under the channel's 16 MiB frames
 
 Kind = Literal["file", "dir", "other"]
 KINDS: dict[str, Kind] = {"f": "file", "d": "dir", "o": "other"}
@@ -52,12 +52,18 @@ class GuestFiles:
         mode_field = "" if mode is None else f"{mode:o}"
         self._ask("M", _fields(path, mode_field, str(owner[0]), str(owner[1])), f"making {path}")
 
-    def write_file(self, path: str, data: bytes, mode: int, owner: tuple[int, int]) -> None:
-        """A regular file with `data` (its parent must exist; a link or non-file there is refused)."""
-        head = _fields("f", path, f"{mode:o}", str(owner[0]), str(owner[1]))
-        self._ask("W", head + data[:CHUNK], f"writing {path}")
-        for start in range(CHUNK, len(data), CHUNK):
-            self._ask("W", _fields("a", path, "", "0", "0") + data[start:start + CHUNK], f"writing {path}")
+    def write_file(self, path: str, data: bytes | BinaryIO, mode: int, owner: tuple[int, int], *,
+                   follow: bool = True) -> None:
+        """A regular file with `data` (bytes, or a file read in chunks); its parent must exist. A link
+        at `path` is written through (`follow`) or refused; anything else but a file is refused."""
+        source = io.BytesIO(data) if isinstance(data, bytes) else data
+        kind = "f" if follow else "n"
+        while True:
+            chunk = source.read(CHUNK)
+            self._ask("W", _fields(kind, path, f"{mode:o}", str(owner[0]), str(owner[1])) + chunk, f"writing {path}")
+            if len(chunk) < CHUNK:
+                return
+            kind = "a"
 
     def symlink(self, path: str, target: str, owner: tuple[int, int]) -> None:
         """A symlink at `path` to `target`, replacing a link or file there."""

@@ -220,17 +220,21 @@ class MicroVM:
             self._wait_for(self.run_dir / "agent.sock", deadline)
             sock = socket.socket(socket.AF_UNIX)
             try:
-                sock.connect(str(self.run_dir / "agent.sock"))
+                try:
+                    sock.connect(str(self.run_dir / "agent.sock"))
+                except OSError as e:
+                    raise self._failure(f"cannot connect to the agent: {e}") from None
                 channel = Channel(sock, lambda: self.alive)
                 token = secrets.token_hex(8).encode()
-                channel.send("P", token)
-                channel.skip_to(frame("k", token), deadline, "waiting for the agent")
-                yield channel
-            except ChannelTimeout as e:
-                self.kill()
-                raise self._failure(f"{e}; it was killed") from None
-            except (ChannelError, OSError) as e:
-                raise self._failure(str(e)) from None
+                try:  # only the channel's errors are the VM's: the caller's own (host files) pass through
+                    channel.send("P", token, deadline)
+                    channel.skip_to(frame("k", token), deadline, "waiting for the agent")
+                    yield channel
+                except ChannelTimeout as e:
+                    self.kill()
+                    raise self._failure(f"{e}; it was killed") from None
+                except ChannelError as e:
+                    raise self._failure(str(e)) from None
             finally:
                 sock.close()
 
@@ -259,6 +263,8 @@ class MicroVM:
         reader = CappedReader(max_output)
         allowed = timeout + ANSWER_GRACE_S if timeout is not None else NO_DEADLINE_S
         with self._agent(min(allowed, REQUEST_TIMEOUT_S)) as channel:
+            if cancel is not None and cancel.is_set():  # cancelled while it waited for the agent
+                return ExecResult(output="", exit_code=TIMEOUT_EXIT_CODE, duration=0.0, timed_out=True)
             started = time.monotonic()
             deadline = started + allowed
             channel.send("R", b"\0".join(f.encode() for f in fields) + b"\0")
@@ -340,8 +346,7 @@ def _cancelling(channel: Channel, cancel: threading.Event | None) -> Iterator[No
     def watch() -> None:
         while not done.is_set():
             if cancel.wait(0.05):
-                with suppress(OSError):
-                    channel.send("C")
+                channel.interrupt("C")
                 return
 
     watcher = threading.Thread(target=watch, daemon=True, name="vm-cancel")
