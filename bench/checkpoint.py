@@ -131,7 +131,8 @@ def microvm_rows(store: Store, n: int, console: Console) -> list[tuple[str, str,
     try:
         console.print("create / boot to first command ...")
         container_up, vm_up = [up("container") for _ in range(3)], [up("microvm") for _ in range(3)]
-        container_offline, vm_offline = [offline_up("container") for _ in range(3)], [offline_up("microvm") for _ in range(3)]
+        container_offline = [offline_up("container") for _ in range(3)]
+        vm_offline = [offline_up("microvm") for _ in range(3)]
         for extra in made[1:3] + made[4:]:  # an idle emulated VM still takes CPU: keep one of each
             extra.destroy()
         sandbox, vm = made[0], made[3]

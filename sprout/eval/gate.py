@@ -72,7 +72,8 @@ def run_gate(tasks_dir: Path, output: Path, *, workers: int, only: list[str] | N
     output.mkdir(parents=True, exist_ok=True)
     client = configured_client()  # a Run Store: each task becomes a `gate` job for its workers
     if client is None:
-        store_root = Store(store_root, runtime_bin=runtime_bin, backend=backend).root  # fails early and clearly without a store
+        # fails early and clearly without a store
+        store_root = Store(store_root, runtime_bin=runtime_bin, backend=backend).root
     rebuild_before = time.time() if no_build_cache else None
     group_id = f"gate-{uuid.uuid4().hex[:12]}"
     results = []
@@ -92,11 +93,12 @@ def run_gate(tasks_dir: Path, output: Path, *, workers: int, only: list[str] | N
             if client is not None:
                 on_phase("queued as a Run Store job")
                 payload = GatePayload(task_dir=str(Path(task.task_dir).resolve()), pull=pull,
-                                      log_dir=str((output / task_name(task)).resolve()), rebuild_before=rebuild_before,
-                                      backend=backend)
+                                      log_dir=str((output / task_name(task)).resolve()),
+                                      rebuild_before=rebuild_before, backend=backend)
                 result = run_job(client, payload, group_id=group_id)
                 return TaskGate.model_validate(result)
-            store = Store(store_root, runtime_bin=runtime_bin, backend=backend)  # one per thread: its SQLite connection too
+            # one per thread: its SQLite connection too
+            store = Store(store_root, runtime_bin=runtime_bin, backend=backend)
             with HostSlots(store.root).hold(on_wait=lambda: on_phase("waiting for a free slot on this host")):
                 return asyncio.run(gate_task(store, task, output / task_name(task), rebuild_before=rebuild_before,
                                              pull=pull, on_phase=on_phase))

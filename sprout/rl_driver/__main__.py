@@ -32,7 +32,8 @@ def cmd_serve(args) -> int:
 
     config = load_config(args.config)
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port), ("tasks_dir", args.tasks_dir),
-                                   ("runtime_bin", args.runtime_bin), ("backend", args.backend), ("local_slots", args.local_slots),
+                                   ("runtime_bin", args.runtime_bin), ("backend", args.backend),
+                                   ("local_slots", args.local_slots),
                                    ("data_dir", args.data_dir), ("ledger", args.ledger)) if v is not None}
     config = config.model_validate(config.model_dump() | overrides)
     if config.tasks_dir is not None and not config.tasks_dir.is_dir():

@@ -37,8 +37,10 @@ def make_driver(config: DriverConfig) -> Driver:
         from ..runstore.client import RunStoreClient
 
         client = RunStoreClient(*runstore)
-        return Driver(config, ledger, RunStoreSamples(client, config.poll_interval_s, config.backend), slots=RUNSTORE_WAITERS)
-    store = Store(runtime_bin=config.runtime_bin, owner={"worker": "rl-driver"}, backend=config.backend)  # a killed driver's leftovers are reaped
+        samples = RunStoreSamples(client, config.poll_interval_s, config.backend)
+        return Driver(config, ledger, samples, slots=RUNSTORE_WAITERS)
+    # with an owner: a killed driver's leftovers are reaped
+    store = Store(runtime_bin=config.runtime_bin, owner={"worker": "rl-driver"}, backend=config.backend)
     try:  # what a killed driver left: its unfinished samples' sandboxes and checkpoints, half-made subvolumes
         for line in store.gc():
             log.info("reaped %s", line)

@@ -4,6 +4,7 @@ import json
 import os
 import resource
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from . import shell
 from .errors import CommandError, ImageNotFound
@@ -108,6 +109,16 @@ def set_network(container: str, enabled: bool) -> None:
     """Connects the running container to NETWORK, or disconnects it (it keeps only loopback)."""
     podman("network", "connect" if enabled else "disconnect", NETWORK, container,
            what=f"podman network {'connect' if enabled else 'disconnect'}")
+
+
+def connected(pid: int) -> bool:
+    """Whether the network namespace of process `pid` has an interface besides loopback (what
+    `set_network` adds and removes); False when the process is gone."""
+    try:  # /proc/PID/net is the network namespace of PID
+        interfaces = Path(f"/proc/{pid}/net/dev").read_text().splitlines()[2:]
+    except OSError:
+        return False
+    return any(line.split(":")[0].strip() != "lo" for line in interfaces)
 
 
 def remove_container(name: str) -> None:

@@ -168,21 +168,16 @@ class Sandbox:
     @property
     def network_enabled(self) -> bool:
         """Whether the sandbox has a network interface besides loopback now (False while it is stopped)."""
-        if self.backend == "microvm":
+        if self.backend == "microvm":  # QEMU runs in its holder's network namespace
             vm = self._vm()
-            return vm is not None and self.limits.get("network", False) and vm.network_connected
+            return vm is not None and bool(self.limits.get("network")) and podman.connected(vm.pid)
         profile = self._profile()
-        if profile is None:
-            return False
-        try:  # /proc/PID/net is the network namespace of PID
-            interfaces = Path(f"/proc/{profile['init_pid']}/net/dev").read_text().splitlines()[2:]
-        except OSError:  # it stopped meanwhile
-            return False
-        return any(line.split(":")[0].strip() != "lo" for line in interfaces)
+        return profile is not None and podman.connected(profile["init_pid"])
 
     def set_network(self, enabled: bool) -> None:
         """Connects the running sandbox to podman's network, or disconnects it (only loopback is left;
-        a microVM's link goes down with its way out); commands, running ones too, see the change at once. Asking for what already is, is a no-op.
+        a microVM's link goes down with its way out); commands, running ones too, see the change at
+        once. Asking for what already is, is a no-op.
         Remembered in the sandbox's limits (`network_connected`), which its checkpoints keep: a restart
         and a branch come back as it was last switched (an agent phase without network stays so)."""
         if enabled and not self.limits.get("network", True):
@@ -219,8 +214,7 @@ class Sandbox:
         cwd = cwd or config.workdir or "/"
         env = dict(env or {})
         if vm is not None:
-            host = microvm.host_env(vm.run_dir)
-            return vm.exec(argv, cwd=cwd, env=host | config.env | self.limits.get("env", {}) | env,
+            return vm.exec(argv, cwd=cwd, env=config.env | self.limits.get("env", {}) | env,
                            user=str(user if user is not None else config.user or "0"), timeout=timeout,
                            max_output=max_output, cancel=cancel)
         if self.store.runtime_bin is not None:

@@ -5,6 +5,8 @@ Both follow the sandbox's own links inside the sandbox only, and the host only e
 
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
 from ..sandbox import Sandbox, rootfs
@@ -17,19 +19,19 @@ def ensure_dirs(sandbox: Sandbox, paths: list[str], owner: tuple[int, int]) -> N
     """Creates the directories and makes them world-writable (Harbor's mount targets, /logs/...)."""
     if sandbox.backend != "microvm":
         return transfer.ensure_dirs(sandbox.rootfs, paths, owner)
-    with sandbox.guest_files() as files:
+    with _guest(sandbox) as files:
         for path in paths:
-            _guard(files.make_dirs, path, owner, 0o777)
+            files.make_dirs(path, owner, 0o777)
 
 
 def upload_file(sandbox: Sandbox, source: Path, target: str, owner: tuple[int, int]) -> None:
     """Into TARGET, or inside it when it is a directory (a link there is followed, inside the sandbox)."""
     if sandbox.backend != "microvm":
         return transfer.upload_file(sandbox.rootfs, source, target, owner)
-    with sandbox.guest_files() as files:
-        if target.endswith("/") or _guard(files.kind, target) == "dir":
+    with _guest(sandbox) as files:
+        if target.endswith("/") or files.kind(target) == "dir":
             target = str(PurePosixPath(target) / Path(source).name)
-        _guard(files.make_dirs, str(PurePosixPath(target).parent), owner)
+        files.make_dirs(str(PurePosixPath(target).parent), owner)
         _write(files, Path(source), target, owner, follow=True)
 
 
@@ -41,17 +43,17 @@ def upload_dir(sandbox: Sandbox, source: Path, target: str, owner: tuple[int, in
     source = Path(source)
     if not source.is_dir():
         raise TransferError(f"{source} is not a directory")
-    with sandbox.guest_files() as files:
-        _guard(files.make_dirs, target, owner)
+    with _guest(sandbox) as files:
+        files.make_dirs(target, owner)
         for current, dirs, names in os.walk(source):
             rel = Path(current).relative_to(source).as_posix()
             base = PurePosixPath(target) / rel
             for name in sorted(dirs + names):
                 local, inside = Path(current) / name, str(base / name)
                 if local.is_symlink():
-                    _guard(files.symlink, inside, os.readlink(local), owner)
+                    files.symlink(inside, os.readlink(local), owner)
                 elif local.is_dir():
-                    _guard(files.make_dirs, inside, owner)
+                    files.make_dirs(inside, owner)
                 else:
                     _write(files, local, inside, owner, follow=False)
             dirs[:] = [d for d in dirs if not (Path(current) / d).is_symlink()]
@@ -61,8 +63,8 @@ def read_file(sandbox: Sandbox, path: str, max_bytes: int) -> bytes | None:
     """The bytes of a regular file in the sandbox (None when absent), read in chunks; TransferError for
     anything else there or a larger file."""
     if sandbox.backend == "microvm":
-        with sandbox.guest_files() as files:
-            return _guard(files.read_file, path, max_bytes)
+        with _guest(sandbox) as files:
+            return files.read_file(path, max_bytes)
     with tempfile.TemporaryDirectory(prefix="sprout-read-") as tmp:
         local = Path(tmp) / "file"
         try:
@@ -79,8 +81,8 @@ def download_file(sandbox: Sandbox, source: str, target: Path) -> None:
     if target.is_dir():
         target = target / PurePosixPath(source).name
     target.parent.mkdir(parents=True, exist_ok=True)
-    with sandbox.guest_files() as files:
-        if not _guard(_copy_out, files, source, target):
+    with _guest(sandbox) as files:
+        if not _copy_out(files, source, target):
             raise TransferError(f"{source} is not a file in the sandbox")
 
 
@@ -90,8 +92,8 @@ def download_dir(sandbox: Sandbox, source: str, target: Path) -> None:
     if sandbox.backend != "microvm":
         return transfer.download_dir(sandbox.rootfs, source, target)
     target = Path(target)
-    with sandbox.guest_files() as files:
-        listing = _guard(files.list, source, True)
+    with _guest(sandbox) as files:
+        listing = files.list(source, recursive=True)
         if not listing or listing["."] != "dir":
             raise TransferError(f"{source} is not a directory in the sandbox")
         target.mkdir(parents=True, exist_ok=True)
@@ -111,7 +113,7 @@ def download_dir(sandbox: Sandbox, source: str, target: Path) -> None:
 
 def _write(files: GuestFiles, local: Path, inside: str, owner: tuple[int, int], *, follow: bool) -> None:
     with open(local, "rb") as data:
-        _guard(lambda: files.write_file(inside, data, local.stat().st_mode & 0o7777, owner, follow=follow))
+        files.write_file(inside, data, local.stat().st_mode & 0o7777, owner, follow=follow)
 
 
 def _copy_out(files: GuestFiles, inside: str, host: Path) -> bool:
@@ -127,9 +129,12 @@ def _copy_out(files: GuestFiles, inside: str, host: Path) -> bool:
         partial.unlink(missing_ok=True)
 
 
-def _guard(operation, *args):
+@contextmanager
+def _guest(sandbox: Sandbox) -> Iterator[GuestFiles]:
+    """The microVM's files for one transfer; what its guest refuses is a TransferError, as for containers."""
     try:
-        return operation(*args)
+        with sandbox.guest_files() as files:
+            yield files
     except GuestFileError as e:
         raise TransferError(str(e)) from None
 

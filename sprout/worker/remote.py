@@ -176,7 +176,8 @@ class RunStoreBackend:
                 stop: threading.Event | None = None) -> RolloutDone:
         journal = request.spec.journal.resolve()
         follow = _TurnFollower(journal, on_turn) if on_turn else None
-        result = run_job(self.client, rollout_payload(request, self.task_dir, backend=self.backend), group_id=self.group_id,
+        payload = rollout_payload(request, self.task_dir, backend=self.backend)
+        result = run_job(self.client, payload, group_id=self.group_id,
                          on_poll=follow, stop=stop, **self._affinity(request.host))
         if follow is not None:
             follow()

@@ -13,7 +13,6 @@ network is switching the holder's (plus the guest's link).
 """
 
 import fcntl
-import json
 import os
 import re
 import shutil
@@ -27,7 +26,6 @@ from .guest import BUSYBOX, clone_file, guest_kit, make_disk
 from .vm import MicroVM, VMLimits, choose_accel
 
 DISK_FILE, MEMORY_FILE = "disk.img", "memory.bin"
-HOST_ENV_FILE = "host-env.json"  # in the VM's run directory
 DEFAULT_MEMORY_MB = 1024
 ACCEL_VARIABLE = "SPROUT_MICROVM_ACCEL"  # kvm, tcg or auto (the default)
 MAX_SOCKET_PATH = 107
@@ -111,7 +109,8 @@ def start(store_root: Path, subvolume: Path, run_dir: Path, limits: dict, hostna
     netns, resolv_conf = _start_holder(store_root, holder, labels) if limits.get("network") else (None, None)
     try:
         vm = MicroVM.boot(guest_kit(store_root), subvolume / DISK_FILE, run_dir, limits=vm_limits(limits),
-                          accel=accelerator()[0], incoming=memory if memory.exists() else None, netns=netns)
+                          accel=accelerator()[0], incoming=memory if memory.exists() else None, netns=netns,
+                          env=container_env(trust))
     except BaseException:
         podman.remove_container(holder)
         raise
@@ -125,7 +124,6 @@ def start(store_root: Path, subvolume: Path, run_dir: Path, limits: dict, hostna
                 files.write_file(CONTAINER_BUNDLE, Path(trust.ca_bundle).read_bytes(), 0o644, (0, 0))
             if resolv_conf:  # the name servers podman gives the holder, as it gives a container
                 files.write_file("/etc/resolv.conf", resolv_conf, 0o644, (0, 0))
-        (run_dir / HOST_ENV_FILE).write_text(json.dumps(container_env(trust)))
     except BaseException:
         stop(vm, holder if netns else None)
         raise
@@ -143,17 +141,9 @@ def stop(vm: MicroVM | None, holder: str | None) -> None:
 def set_network(vm: MicroVM, holder: str, enabled: bool) -> None:
     """Connects the VM's way out or cuts it: the holder on or off podman's network, and the guest's
     link up or down with it."""
-    if vm.network_connected != enabled:
+    if podman.connected(vm.pid) != enabled:
         podman.set_network(holder, enabled)
     vm.set_link(enabled)
-
-
-def host_env(run_dir: Path) -> dict[str, str]:
-    """The host-trust variables the VM's commands get, as fixed at its start (a container's are too)."""
-    try:
-        return json.loads((run_dir / HOST_ENV_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def _start_holder(store_root: Path, name: str, labels: dict[str, str]) -> tuple[str, bytes | None]:
@@ -163,8 +153,8 @@ def _start_holder(store_root: Path, name: str, labels: dict[str, str]) -> tuple[
     podman.run_container(podman.ContainerSpec(name=name, rootfs=str(_holder_root(store_root)), env={},
                                               workdir="/", user="", pids=16, labels=labels))
     try:
-        netns, resolv_path = podman.podman("inspect", "-f", "{{.NetworkSettings.SandboxKey}}\n{{.ResolvConfPath}}",
-                                           name, what="podman inspect").splitlines()
+        template = "{{.NetworkSettings.SandboxKey}}\n{{.ResolvConfPath}}"
+        netns, resolv_path = podman.podman("inspect", "-f", template, name, what="podman inspect").splitlines()
         resolv_conf = Path(resolv_path).read_bytes()
     except BaseException:
         podman.remove_container(name)

@@ -60,7 +60,8 @@ class GuestFiles:
         kind = "f" if follow else "n"
         while True:
             chunk = source.read(CHUNK)
-            self._ask("W", _fields(kind, path, f"{mode:o}", str(owner[0]), str(owner[1])) + chunk, f"writing {path}")
+            head = _fields(kind, path, f"{mode:o}", str(owner[0]), str(owner[1]))
+            self._ask("W", head + chunk, f"writing {path}")
             if len(chunk) < CHUNK:
                 return
             kind = "a"
@@ -96,7 +97,8 @@ class GuestFiles:
             records += answer[1]
         if answer[0] == "n":
             return None
-        return {_decode(record[1:]): KINDS.get(chr(record[0]), "other") for record in bytes(records).split(b"\0") if record}
+        return {_decode(record[1:]): KINDS.get(chr(record[0]), "other")
+                for record in bytes(records).split(b"\0") if record}
 
     def kind(self, path: str) -> Kind | None:
         listing = self.list(path)

@@ -3,8 +3,9 @@
 
 QEMU daemonizes, so a VM outlives the process that started it (as a container outlives podman) and
 any process can drive it. Its run directory holds qmp.sock, agent.sock, vm.json (pid, start time,
-accelerator), qemu.log and console.log. Each operation connects, holds the run directory's lock
-for that channel (the agent serves one request at a time) and disconnects.
+accelerator, the commands' base environment), qemu.log and console.log. Each operation connects,
+holds the run directory's lock for that channel (the agent serves one request at a time) and
+disconnects.
 """
 
 import fcntl
@@ -76,15 +77,18 @@ def choose_accel(requested: str = "auto") -> tuple[str, str]:
 class MicroVM:
     """A handle on a running VM. `boot` starts one; `attach` finds one another process started."""
 
-    def __init__(self, run_dir: Path, pid: int, accel: str):
+    def __init__(self, run_dir: Path, pid: int, accel: str, env: dict[str, str] | None = None):
         self.run_dir, self.pid, self.accel = run_dir, pid, accel
+        self.env = env or {}  # what every command gets beneath its own (the host's trust settings)
 
     @classmethod
     def boot(cls, kit: GuestKit, disk: Path, run_dir: Path, *, limits: VMLimits = VMLimits(),
-             accel: str = "auto", incoming: Path | None = None, netns: str | None = None) -> "MicroVM":
+             accel: str = "auto", incoming: Path | None = None, netns: str | None = None,
+             env: dict[str, str] | None = None) -> "MicroVM":
         """Starts QEMU on `disk` and waits until its agent answers. With `incoming`, the VM resumes
         that memory image (saved with the same disk) instead of booting its kernel. QEMU runs in the
-        network namespace `netns` when given: its user-mode network reaches out from there."""
+        network namespace `netns` when given: its user-mode network reaches out from there. Every
+        command gets `env` beneath its own (kept in vm.json, for any process that attaches)."""
         chosen, _ = choose_accel(accel)
         run_dir.mkdir(parents=True, exist_ok=True)
         with _locked(run_dir, "boot"):
@@ -97,7 +101,7 @@ class MicroVM:
                                      stdin=subprocess.DEVNULL, capture_output=True, text=True)
             if started.returncode != 0:
                 raise VMError(f"QEMU did not start: {started.stderr.strip()}")
-            vm = cls(run_dir, int((run_dir / "qemu.pid").read_text()), chosen)
+            vm = cls(run_dir, int((run_dir / "qemu.pid").read_text()), chosen, env)
             try:
                 vm._started(incoming is not None, BOOT_TIMEOUT_S[chosen])
             except BaseException:
@@ -109,7 +113,8 @@ class MicroVM:
         start = _process_start(self.pid)
         if start is None:
             raise self._failure("QEMU exited as it started")
-        (self.run_dir / "vm.json").write_text(json.dumps({"pid": self.pid, "start": start, "accel": self.accel}))
+        state = {"pid": self.pid, "start": start, "accel": self.accel, "env": self.env}
+        (self.run_dir / "vm.json").write_text(json.dumps(state))
         deadline = time.monotonic() + timeout_s
         if incoming:
             self._resume_incoming(deadline)
@@ -123,7 +128,7 @@ class MicroVM:
         try:
             state = json.loads((run_dir / "vm.json").read_text())
             if state["start"] is not None and _process_start(state["pid"]) == state["start"]:
-                return cls(run_dir, state["pid"], state["accel"])
+                return cls(run_dir, state["pid"], state["accel"], state.get("env"))
         except (OSError, ValueError, KeyError, TypeError):
             pass
         return None
@@ -189,15 +194,6 @@ class MicroVM:
         with self._qmp() as qmp:
             qmp.cmd("chardev-change", id="serial0", backend={"type": "null", "data": {}})
 
-    @property
-    def network_connected(self) -> bool:
-        """Whether QEMU's network namespace has an interface besides loopback (its way out)."""
-        try:
-            interfaces = Path(f"/proc/{self.pid}/net/dev").read_text().splitlines()[2:]
-        except OSError:
-            return False
-        return any(line.split(":")[0].strip() != "lo" for line in interfaces)
-
     def set_link(self, up: bool) -> None:
         """The guest's network link up or down (its carrier, as a cable plugged in or pulled)."""
         with self._qmp() as qmp:
@@ -253,7 +249,7 @@ class MicroVM:
              cancel: threading.Event | None = None) -> ExecResult:
         """Runs argv in the guest; stdout and stderr merged and capped as the container backend does.
         Setting `cancel` kills what the command started, as its timeout would (it then reports timed out)."""
-        env = env or {}
+        env = self.env | (env or {})
         timeout_ms = 0 if timeout is None else max(1, int(timeout * 1000))
         fields = [cwd, user, str(timeout_ms), str(len(env)), *(f"{k}={v}" for k, v in env.items()), *argv]
         if any("\0" in field for field in fields):
