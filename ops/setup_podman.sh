@@ -4,6 +4,7 @@
 #
 #   SPROUT_STORE       btrfs store directory      (default ~/sprout-btrfs)
 #   SPROUT_STORE_SIZE  size of its sparse loop file when the path is not on btrfs (default 40G)
+#   SPROUT_STORE_MIN_FREE_GB  the loop file grows when the store has less free than this (default 10)
 #   SPROUT_PYTHON      the Python 3.12 to build .venv with (default: found via pyenv / PATH)
 set -euo pipefail
 
@@ -11,6 +12,7 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STORE="${SPROUT_STORE:-$HOME/sprout-btrfs}"
 STORE_IMG="${SPROUT_STORE_IMAGE:-$STORE.img}"
 STORE_SIZE="${SPROUT_STORE_SIZE:-40G}"
+STORE_MIN_FREE_GB="${SPROUT_STORE_MIN_FREE_GB:-10}"
 VENV="$REPO/.venv"
 EXTRAS="mini,harbor,dev,runstore,proxy"  # proxy: the bundled LiteLLM proxy
 APT_PACKAGES=(podman btrfs-progs runc mmdebstrap uidmap containernetworking-plugins iptables catatonit
@@ -124,6 +126,33 @@ else
   fi
   mount -o loop,noatime "$STORE_IMG" "$STORE" || die "cannot mount $STORE_IMG at $STORE (loop devices?)"
   say done "btrfs store: mounted $STORE_IMG at $STORE"
+fi
+# A store on a loop file grows (sparse) when it runs low, as far as the disk under the file allows.
+kib_free() { df --output=avail -k "$1" | tail -1 | tr -d ' '; }
+gib() { echo "$(( $1 / 1048576 ))G"; }
+want_kib=$(( STORE_MIN_FREE_GB * 1048576 )); store_kib="$(kib_free "$STORE")"
+if [ "$store_kib" -ge "$want_kib" ]; then
+  say ok "btrfs store space: $(gib "$store_kib") free (>= ${STORE_MIN_FREE_GB}G)"
+else
+  loop_dev="$(findmnt -n -o SOURCE --target "$STORE")"
+  backing="$(losetup -n -O BACK-FILE "$loop_dev" 2>/dev/null | sed 's/ *$//' || true)"
+  low="only $(gib "$store_kib") free in $STORE"
+  gc_hint="python -m sprout.sandbox gc --older-than 24 removes unused old checkpoints and images"
+  if [ -z "$backing" ] || [ ! -f "$backing" ]; then
+    say skip "btrfs store space: $low and it is not a loop file to grow ($gc_hint)"
+  else
+    grow_kib=$(( want_kib - store_kib ))
+    unallocated_kib=$(( ($(stat -c %s "$backing") - $(stat -c '%b * %B' "$backing")) / 1024 ))
+    host_kib="$(kib_free "$(dirname "$backing")")"
+    if [ "$host_kib" -lt $(( unallocated_kib + grow_kib )) ]; then
+      say skip "btrfs store space: $low, and the disk under $backing cannot hold a bigger loop file ($gc_hint)"
+    else
+      truncate -s "+${grow_kib}K" "$backing"
+      losetup -c "$loop_dev"
+      btrfs filesystem resize max "$STORE" >/dev/null
+      say done "btrfs store space: grew $backing to $(du -h --apparent-size "$backing" | cut -f1) ($(gib "$(kib_free "$STORE")") free)"
+    fi
+  fi
 fi
 if btrfs qgroup show "$STORE" >/dev/null 2>&1; then
   btrfs quota disable "$STORE"

@@ -2,11 +2,12 @@
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -16,7 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sprout.sandbox import Store
+from sprout.sandbox import Store, btrfs
+from sprout.sandbox.errors import InUseError
+from sprout.sandbox.podman import PODMAN
+from sprout.sandbox.store import default_root
 
 REPO = Path(__file__).resolve().parents[1]
 RUNTIME_BIN = REPO / "runtime" / "sprout-runtime"
@@ -27,6 +31,32 @@ DEBIAN_IMAGE = "docker.io/library/debian:bookworm"
 @pytest.fixture(scope="session")
 def base_store() -> Store:
     return Store()
+
+
+def _podman_image_ids() -> set[str]:
+    listed = subprocess.run([*PODMAN, "images", "--all", "--quiet", "--no-trunc"], capture_output=True,
+                            text=True, check=True)
+    return set(listed.stdout.split())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def images_made_are_removed() -> Iterator[None]:
+    """After the session, removes the images it made, in the store and in podman: task environments
+    built from tests' Dockerfiles and images pulled from the session's registry are new in every run
+    (~300 MB each), and a host that runs the suite daily would otherwise fill its store. Without a store
+    or podman (python-only runs) there is nothing to remove."""
+    if not (btrfs.is_btrfs(default_root()) and shutil.which("podman")):
+        yield
+        return
+    store = Store()
+    images_before, podman_before = {image.key for image in store.images()}, _podman_image_ids()
+    yield
+    for image in store.images():
+        if image.key not in images_before:
+            with suppress(InUseError):  # an image a leaked sandbox still uses stays
+                store.remove_image(image.key)
+    if made := _podman_image_ids() - podman_before:
+        subprocess.run([*PODMAN, "rmi", "--force", "--ignore", *made], capture_output=True, check=True)
 
 
 @contextmanager

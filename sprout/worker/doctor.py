@@ -52,9 +52,12 @@ def _store(root: Path | None) -> tuple[Check, Store | None]:
 
 def _free_space(store: Store) -> Check:
     free = shutil.disk_usage(store.root).free
-    ok = free >= MIN_FREE_BYTES
     text = f"{free / 2**30:.1f} GiB free in {store.root}"
-    return Check("free space", ok, text if ok else f"{text}: free some space or grow the loop file (>= 5 GiB)")
+    if free >= MIN_FREE_BYTES:
+        return Check("free space", True, text)
+    return Check("free space", False, f"{text}, under 5 GiB: `python -m sprout.sandbox gc --older-than 24` "
+                                      "removes old unused checkpoints and images; ops/setup_podman.sh grows "
+                                      "a loop file")
 
 
 def _podman() -> Check:
