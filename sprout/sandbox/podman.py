@@ -1,5 +1,6 @@
 """Stock podman, configured for these hosts: runc, cgroupfs, rlimits within the host's hard limits."""
 
+import functools
 import json
 import os
 import resource
@@ -16,6 +17,7 @@ NOFILE_WANTED = 1 << 20
 NPROC_WANTED = 32768  # podman caps its own (hence conmon and runc) nproc limit here
 START_TIMEOUT_S = float(os.environ.get("SPROUT_START_TIMEOUT", "120"))  # `podman run` of one sandbox
 NETWORK = os.environ.get("SPROUT_PODMAN_NETWORK", "podman")  # the network sandboxes with network are on
+ADDRESS_SET = "3"  # /sys/class/net/IF/addr_assign_type of an address set by hand (NET_ADDR_SET)
 
 
 def ulimit_flags() -> list[str]:
@@ -99,16 +101,44 @@ def run_container(spec: ContainerSpec) -> str:
     args += ["--network", NETWORK if spec.network else "none"]
     args += ["--rootfs", spec.rootfs, "sleep", "infinity"]
     try:
-        return podman(*args, what="podman run", timeout=START_TIMEOUT_S)
+        container_id = podman(*args, what="podman run", timeout=START_TIMEOUT_S)
     except CommandError:
         shell.run([*PODMAN, "rm", "-f", "-t", "0", spec.name], check=False)
         raise
+    if spec.network:
+        pin_bridge_address()
+    return container_id
 
 
 def set_network(container: str, enabled: bool) -> None:
     """Connects the running container to NETWORK, or disconnects it (it keeps only loopback)."""
     podman("network", "connect" if enabled else "disconnect", NETWORK, container,
            what=f"podman network {'connect' if enabled else 'disconnect'}")
+    if enabled:
+        pin_bridge_address()
+
+
+def pin_bridge_address() -> None:
+    """Fixes the MAC address of NETWORK's bridge at its present value. A Linux bridge whose address was
+    never set takes the lowest of its ports' addresses, so it changes whenever a container joins or leaves
+    (netavark makes the bridge with none set): the other containers' ARP entries for their gateway then
+    point nowhere, and their traffic to the host and beyond is lost for seconds."""
+    bridge = Path("/sys/class/net") / (bridge_name() or "-")
+    try:
+        if (bridge / "addr_assign_type").read_text().strip() == ADDRESS_SET:
+            return
+        address = (bridge / "address").read_text().strip()
+    except OSError:
+        return  # no bridge on the host (rootless networking, another driver)
+    # best effort: the bridge goes when its last container stops, maybe meanwhile
+    shell.run(["ip", "link", "set", "dev", bridge.name, "address", address], check=False)
+
+
+@functools.cache
+def bridge_name() -> str | None:
+    """The host interface of NETWORK (e.g. podman0), None when it is not a bridge."""
+    network = json.loads(podman("network", "inspect", NETWORK, what=f"podman network inspect {NETWORK}"))[0]
+    return network.get("network_interface") if network.get("driver") == "bridge" else None
 
 
 def connected(pid: int) -> bool:

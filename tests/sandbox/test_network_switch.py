@@ -4,12 +4,15 @@ with containers and microVMs alike."""
 import socketserver
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
-from sprout.sandbox import SandboxStateError
-from tests.conftest import DEBIAN_IMAGE, bridge_gateway, every_backend
+from sprout.sandbox import SandboxStateError, Store
+from sprout.sandbox.podman import bridge_name
+from tests.conftest import DEBIAN_IMAGE, RUNTIME_BIN, bridge_gateway, every_backend
 
 # the interfaces besides loopback that carry a link: a container's eth0 while connected; a microVM's
 # eth0 stays, with its link down while disconnected
@@ -77,3 +80,27 @@ def test_branches_and_restarts_keep_the_network_as_it_was_last_switched(store):
     sandbox.start()
     assert not sandbox.network_enabled
     assert checkpoint.branch(network=True).network_enabled  # asked for explicitly
+
+
+@pytest.mark.parametrize("store", ["runtime", "microvm"], indirect=True)
+def test_a_sandbox_keeps_reaching_the_host_while_others_join_and_leave_the_network(store):
+    # A bridge whose address was never set takes its lowest port's address: it used to change as other
+    # sandboxes joined and left, and this sandbox's ARP entry for its gateway then led nowhere for seconds.
+    sandbox = store.create_sandbox(DEBIAN_IMAGE, network=True)
+    gateway, address = bridge_gateway(), Path("/sys/class/net", bridge_name(), "address")
+    others = Store(store.root, runtime_bin=RUNTIME_BIN)
+    with greeter(gateway) as port, ThreadPoolExecutor(1) as pool:
+        probes = pool.submit(sandbox.exec, (
+            "ok=0; for i in $(seq 60); do timeout 1 bash -c 'exec 3<>/dev/tcp/%s/%d && head -c 5 <&3' "
+            ">/dev/null && ok=$((ok + 1)); sleep 0.1; done; echo $ok of 60") % (gateway, port))
+        seen = {address.read_text()}
+        for _ in range(3):
+            other = others.create_sandbox(DEBIAN_IMAGE, network=True)
+            seen.add(address.read_text())
+            for enabled in (False, True):
+                other.set_network(enabled)
+                seen.add(address.read_text())
+            other.destroy()
+            seen.add(address.read_text())
+        assert probes.result().output.strip() == "60 of 60"
+    assert len(seen) == 1, f"the bridge's address changed: {seen}"
