@@ -16,7 +16,7 @@ STORE_MIN_FREE_GB="${SPROUT_STORE_MIN_FREE_GB:-10}"
 VENV="$REPO/.venv"
 EXTRAS="mini,harbor,dev,runstore,proxy"  # proxy: the bundled LiteLLM proxy
 APT_PACKAGES=(podman btrfs-progs runc mmdebstrap uidmap containernetworking-plugins iptables catatonit
-              ca-certificates
+              ca-certificates rsync
               # the microVM backend: QEMU, the guest's kernel and busybox, a compiler for its agent
               qemu-system-x86 linux-image-amd64 busybox-static gcc libc6-dev e2fsprogs cpio)
 

@@ -46,6 +46,7 @@ class ImageConfig:
     entrypoint: list[str] = field(default_factory=list)
     cmd: list[str] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
+    layers: list[str] | None = None  # digests of its layers' contents, bottom first (None: not known)
 
 
 def inspect_image(name: str) -> ImageConfig:
@@ -58,7 +59,8 @@ def inspect_image(name: str) -> ImageConfig:
     env = dict(item.partition("=")[::2] for item in config.get("Env") or [])
     return ImageConfig(image_id=info["Id"], env=env, workdir=config.get("WorkingDir") or "/",
                        user=config.get("User") or "", entrypoint=config.get("Entrypoint") or [],
-                       cmd=config.get("Cmd") or [], names=info.get("RepoTags") or [])
+                       cmd=config.get("Cmd") or [], names=info.get("RepoTags") or [],
+                       layers=(info.get("RootFS") or {}).get("Layers") or [])
 
 
 @dataclass

@@ -338,7 +338,11 @@ class Store:
         return self._lock("store", shared=True)
 
     def import_image(self, reference: str) -> Image:
-        """Unpacks a podman image into a read-only subvolume, once per image id (cached)."""
+        """Unpacks a podman image into a read-only subvolume, once per image id (cached).
+
+        An image whose first layers are those of an image in the store starts as a snapshot of that one,
+        and only the files that differ are written: task images built on one base share its files on
+        disk instead of each holding a copy."""
         config = podman.inspect_image(reference)
         key = f"im-{config.image_id.removeprefix('sha256:')[:12]}"
         with self._lock(key), self.building():
@@ -349,9 +353,13 @@ class Store:
                 return self.image(key)
             partial = self.root / "images" / f".partial-{key}"
             btrfs.delete(partial)
-            btrfs.create(partial)
             try:
-                _unpack(reference, partial)
+                base = self._closest_image(config.layers)
+                if base is None:
+                    btrfs.create(partial)
+                else:
+                    btrfs.snapshot(base.path, partial, readonly=False)
+                _copy_image(reference, partial)
                 _create_workdir(partial, config.workdir, reference)
                 btrfs.set_readonly(partial)
                 btrfs.delete(path)
@@ -361,6 +369,27 @@ class Store:
                 raise
             self.meta.put_image(key, config.image_id, config.names, config.__dict__)
         return self.image(key)
+
+    def _closest_image(self, layers: list[str] | None) -> Image | None:
+        """The store image that shares the longest run of first layers with `layers` (none shares one)."""
+        best, shared = None, 0
+        for image in self.images():
+            common = _shared_prefix(self._layers(image), layers or [])
+            if common > shared and btrfs.is_subvolume(image.path):
+                best, shared = image, common
+        return best
+
+    def _layers(self, image: Image) -> list[str]:
+        """An image's layers; a row from before they were recorded gets them from podman, once."""
+        if image.config.layers is not None:
+            return image.config.layers
+        try:
+            layers = podman.inspect_image(image.image_id).layers or []
+        except ImageNotFound:
+            layers = []  # podman no longer has it: no layers to match
+        config = json.dumps({**image.config.__dict__, "layers": layers})
+        self.meta.execute("UPDATE images SET config = ? WHERE key = ?", config, image.key)
+        return layers
 
     def image(self, name: str) -> Image:
         """An image by store key (im-...), podman name or image id."""
@@ -678,16 +707,23 @@ def _create_workdir(root: Path, workdir: str, reference: str) -> None:
         raise StoreError(f"image {reference}: its WORKDIR {workdir} exists but is not a directory") from None
 
 
-def _unpack(reference: str, dest: Path) -> None:
-    """Copies an image's filesystem out of podman's storage into `dest`."""
-    name = f"sprout-unpack-{secrets.token_hex(4)}"
-    podman.podman("create", "--name", name, reference, "true", what="podman create")
+def _shared_prefix(a: list[str], b: list[str]) -> int:
+    """How many first items `a` and `b` have in common."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _copy_image(reference: str, dest: Path) -> None:
+    """Makes `dest` hold exactly the filesystem of podman's image `reference`. Files `dest` already holds
+    alike (content, metadata) are left as they are, so a snapshot of a related image keeps sharing them."""
+    mountpoint = podman.podman("image", "mount", reference, what=f"podman image mount {reference}")
     try:
-        script = (f"{' '.join(podman.PODMAN)} export {name} | "
-                  f"tar -x -f - -C '{dest}' --numeric-owner --xattrs --xattrs-include='*'")
-        shell.run(["bash", "-o", "pipefail", "-c", script], what=f"unpacking {reference}")
+        # --checksum: a file a layer rewrote may keep its size and mtime; --modify-window=-1: times to the
+        # nanosecond (rsync otherwise leaves a new file's own time when it is in the source's second)
+        shell.run(["rsync", "--archive", "--hard-links", "--acls", "--xattrs", "--numeric-ids", "--checksum",
+                   "--modify-window=-1", "--delete", f"{mountpoint}/", f"{dest}/"],
+                  what=f"copying {reference} into the store")
     finally:
-        podman.remove_container(name)
+        podman.podman("image", "unmount", reference, what=f"podman image unmount {reference}")
 
 
 def ensure_mounted(root: Path) -> None:

@@ -1,0 +1,111 @@
+"""Importing a podman image into the store: the subvolume holds exactly the image's filesystem, and an
+image built on a store image shares that image's files on disk instead of copying them."""
+
+import hashlib
+import json
+import os
+import stat
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sprout.sandbox.podman import PODMAN
+from tests.conftest import PYTHON_IMAGE
+from tests.sandbox.test_workdir import forget_image
+
+# Every kind of change a layer can make to its base: content with the same size and mtime, metadata only,
+# deletions (whiteouts), a directory replaced whole (opaque), a directory by a file and a file by a
+# directory, and new files of every type with owners, setuid, a hard link and an extended attribute.
+MUTATE = """\
+import os, shutil
+path = "/etc/debian_version"
+before, data = os.stat(path), open(path, "rb").read()
+open(path, "wb").write(data[::-1])
+os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+os.chmod("/etc/shells", 0o600)
+os.remove("/etc/issue.net")
+shutil.rmtree("/etc/apt/apt.conf.d")
+os.mkdir("/etc/apt/apt.conf.d")
+open("/etc/apt/apt.conf.d/only", "w").write("the only one")
+shutil.rmtree("/srv")
+open("/srv", "w").write("a file now")
+os.remove("/etc/issue")
+os.mkdir("/etc/issue")
+os.makedirs("/data/sub")
+open("/data/a", "w").write("payload")
+os.chown("/data/a", 1234, 5678)
+os.chmod("/data/a", 0o4755)
+os.setxattr("/data/a", "user.sprout", b"kept")
+os.link("/data/a", "/data/sub/hard")
+os.symlink("../a", "/data/sub/link")
+os.mkfifo("/data/fifo")
+"""
+
+
+def manifest(root: Path) -> dict[str, tuple]:
+    """Every path under `root` with its type and mode, owner, content (hash, link target or device),
+    extended attributes, mtime and hard-link group."""
+    entries, first_name = {}, {}
+    for directory, dirs, files in os.walk(root):
+        dirs.sort()
+        for name in [*dirs, *sorted(files)]:
+            path = Path(directory, name)
+            info, relative = path.lstat(), str(path.relative_to(root))
+            if stat.S_ISREG(info.st_mode):
+                content = hashlib.sha256(path.read_bytes()).hexdigest()
+            elif stat.S_ISLNK(info.st_mode):
+                content = os.readlink(path)
+            else:
+                content = info.st_rdev
+            xattrs = sorted((key, os.getxattr(path, key, follow_symlinks=False))
+                            for key in os.listxattr(path, follow_symlinks=False))
+            linked = first_name.setdefault(info.st_ino, relative) if info.st_nlink > 1 and \
+                stat.S_ISREG(info.st_mode) else None
+            entries[relative] = (info.st_mode, info.st_uid, info.st_gid, content, xattrs, info.st_mtime_ns,
+                                 linked)
+    return entries
+
+
+@contextmanager
+def mounted(tag: str) -> Iterator[Path]:
+    """The podman image's own filesystem, read through `podman image mount`."""
+    mountpoint = subprocess.run([*PODMAN, "image", "mount", tag], capture_output=True, text=True,
+                                check=True).stdout.strip()
+    try:
+        yield Path(mountpoint)
+    finally:
+        subprocess.run([*PODMAN, "image", "unmount", tag], capture_output=True, check=True)
+
+
+def disk_usage(path: Path) -> tuple[int, int]:
+    """The bytes of `path`'s files, and of those the bytes no other subvolume shares."""
+    out = subprocess.run(["btrfs", "filesystem", "du", "-s", "--raw", str(path)], capture_output=True,
+                         text=True, check=True).stdout
+    total, exclusive = out.splitlines()[1].split()[:2]
+    return int(total), int(exclusive)
+
+
+def test_an_image_built_on_a_store_image_shares_its_files_and_holds_exactly_its_own(base_store, tmp_path):
+    base = base_store.resolve_image(PYTHON_IMAGE)
+    # A store from before layers were recorded: the base's layers are asked of podman when needed.
+    config = json.dumps({key: value for key, value in base.config.__dict__.items() if key != "layers"})
+    base_store.meta.execute("UPDATE images SET config = ? WHERE key = ?", config, base.key)
+    (tmp_path / "mutate.py").write_text(MUTATE)
+    (tmp_path / "Containerfile").write_text(
+        f"FROM {PYTHON_IMAGE}\nCOPY mutate.py /mutate.py\nRUN python3 /mutate.py && rm /mutate.py\n")
+    tag = "localhost/sprout-test/on-a-base:1"
+    subprocess.run([*PODMAN, "build", "-q", "--pull=never", "-t", tag, str(tmp_path)], check=True,
+                   capture_output=True)
+    try:
+        image = base_store.import_image(tag)
+        assert base_store.image(base.key).config.layers, "the base's layers were not recorded"
+        with mounted(tag) as own:
+            expected = manifest(own)
+        assert manifest(image.path) == expected
+        assert expected["etc/debian_version"][3] != manifest(base.path)["etc/debian_version"][3]
+        assert expected["data/a"][4] == [("user.sprout", b"kept")]
+        total, exclusive = disk_usage(image.path)
+        assert total > 100 * 2**20 and exclusive < 2**20, (total, exclusive)
+    finally:
+        forget_image(base_store, tag)
