@@ -98,7 +98,8 @@ def round_of(main: Store, image: str, task: str) -> dict[str, tuple[float, float
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=3, help="rounds of each (median)")
     parser.add_argument("--image", default=IMAGE, help="the base image (present in podman)")
     args = parser.parse_args()

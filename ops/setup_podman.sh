@@ -16,7 +16,7 @@ STORE_MIN_FREE_GB="${SPROUT_STORE_MIN_FREE_GB:-10}"
 VENV="$REPO/.venv"
 EXTRAS="mini,harbor,dev,runstore,proxy"  # proxy: the bundled LiteLLM proxy
 APT_PACKAGES=(podman btrfs-progs runc mmdebstrap uidmap containernetworking-plugins iptables catatonit
-              ca-certificates rsync
+              ca-certificates rsync iproute2
               # the microVM backend: QEMU, the guest's kernel and busybox, a compiler for its agent
               qemu-system-x86 linux-image-amd64 busybox-static gcc libc6-dev e2fsprogs cpio)
 
@@ -24,6 +24,7 @@ say() { printf '%-5s %s\n' "$1" "$2"; }
 die() { printf 'FAIL  %s\n' "$1" >&2; exit 1; }
 trap 'die "step failed at line $LINENO: $BASH_COMMAND"' ERR
 
+[[ "$STORE_MIN_FREE_GB" =~ ^[0-9]+$ ]] || die "SPROUT_STORE_MIN_FREE_GB=$STORE_MIN_FREE_GB: give whole GiB, e.g. 10"
 [ "$(id -u)" = 0 ] || die "run as root (podman over a btrfs loop store needs it; see README: rootless)"
 
 # ---------------------------------------------------------------- apt packages
@@ -145,12 +146,13 @@ else
     unallocated_kib=$(( ($(stat -c %s "$backing") - $(stat -c '%b * %B' "$backing")) / 1024 ))
     host_kib="$(kib_free "$(dirname "$backing")")"
     if [ "$host_kib" -lt $(( unallocated_kib + grow_kib )) ]; then
-      say skip "btrfs store space: $low, and the disk under $backing cannot hold a bigger loop file ($gc_hint)"
+      say skip "btrfs store space: $low; the disk under $backing has no room to grow it ($gc_hint)"
     else
       truncate -s "+${grow_kib}K" "$backing"
       losetup -c "$loop_dev"
       btrfs filesystem resize max "$STORE" >/dev/null
-      say done "btrfs store space: grew $backing to $(du -h --apparent-size "$backing" | cut -f1) ($(gib "$(kib_free "$STORE")") free)"
+      size="$(du -h --apparent-size "$backing" | cut -f1)"
+      say done "btrfs store space: grew $backing to $size ($(gib "$(kib_free "$STORE")") free)"
     fi
   fi
 fi

@@ -43,8 +43,9 @@ def _podman_image_ids() -> set[str]:
 def images_made_are_removed() -> Iterator[None]:
     """After the session, removes the images it made, in the store and in podman: task environments
     built from tests' Dockerfiles and images pulled from the session's registry are new in every run
-    (~300 MB each), and a host that runs the suite daily would otherwise fill its store. Without a store
-    or podman (python-only runs) there is nothing to remove."""
+    (~300 MB each), and a host that runs the suite daily would otherwise fill its store. The suite is
+    taken to have the host to itself (as in CI): an image another process made meanwhile goes too.
+    Without a store or podman (python-only runs) there is nothing to remove."""
     if not (btrfs.is_btrfs(default_root()) and shutil.which("podman")):
         yield
         return
@@ -56,7 +57,7 @@ def images_made_are_removed() -> Iterator[None]:
             with suppress(InUseError):  # an image a leaked sandbox still uses stays
                 store.remove_image(image.key)
     if made := _podman_image_ids() - podman_before:
-        subprocess.run([*PODMAN, "rmi", "--force", "--ignore", *made], capture_output=True, check=True)
+        subprocess.run([*PODMAN, "rmi", "--force", "--ignore", *made], capture_output=True)
 
 
 @contextmanager

@@ -16,7 +16,7 @@ from pathlib import Path
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS images (
     key TEXT PRIMARY KEY, image_id TEXT NOT NULL, names TEXT NOT NULL, config TEXT NOT NULL,
-    created REAL NOT NULL);
+    created REAL NOT NULL, layers TEXT);
 CREATE TABLE IF NOT EXISTS sandboxes (
     id TEXT PRIMARY KEY, image_key TEXT NOT NULL, base_checkpoint TEXT, last_checkpoint TEXT,
     container TEXT NOT NULL, limits TEXT NOT NULL, label TEXT, created REAL NOT NULL);
@@ -39,6 +39,8 @@ class Metadata:
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(checkpoints)")}
         if "limits" not in columns:  # stores made before checkpoints kept their sandbox's limits
             self._db.execute("ALTER TABLE checkpoints ADD COLUMN limits TEXT")
+        if "layers" not in {row[1] for row in self._db.execute("PRAGMA table_info(images)")}:
+            self._db.execute("ALTER TABLE images ADD COLUMN layers TEXT")  # NULL: not recorded yet
         for table in ("sandboxes", "checkpoints"):  # stores made before sandboxes had owners
             if "owner" not in {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}:
                 self._db.execute(f"ALTER TABLE {table} ADD COLUMN owner TEXT")
@@ -67,9 +69,12 @@ class Metadata:
         with self.transaction() as db:
             db.execute(sql, args)
 
-    def put_image(self, key: str, image_id: str, names: list[str], config: dict) -> None:
-        self.execute("INSERT OR REPLACE INTO images VALUES (?, ?, ?, ?, ?)",
-                     key, image_id, json.dumps(names), json.dumps(config), time.time())
+    def put_image(self, key: str, image_id: str, names: list[str], config: dict,
+                  layers: list[str] | None = None) -> None:
+        """`layers`: the image's layer digests, bottom first (None: not known, e.g. a shipped image)."""
+        self.execute("INSERT OR REPLACE INTO images (key, image_id, names, config, created, layers) "
+                     "VALUES (?, ?, ?, ?, ?, ?)", key, image_id, json.dumps(names), json.dumps(config),
+                     time.time(), None if layers is None else json.dumps(layers))
 
     def put_sandbox(self, sandbox_id: str, image_key: str, base_checkpoint: str | None, container: str,
                     limits: dict, label: str | None, owner: dict | None = None) -> None:

@@ -46,7 +46,6 @@ class ImageConfig:
     entrypoint: list[str] = field(default_factory=list)
     cmd: list[str] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
-    layers: list[str] | None = None  # digests of its layers' contents, bottom first (None: not known)
 
 
 def inspect_image(name: str) -> ImageConfig:
@@ -59,8 +58,14 @@ def inspect_image(name: str) -> ImageConfig:
     env = dict(item.partition("=")[::2] for item in config.get("Env") or [])
     return ImageConfig(image_id=info["Id"], env=env, workdir=config.get("WorkingDir") or "/",
                        user=config.get("User") or "", entrypoint=config.get("Entrypoint") or [],
-                       cmd=config.get("Cmd") or [], names=info.get("RepoTags") or [],
-                       layers=(info.get("RootFS") or {}).get("Layers") or [])
+                       cmd=config.get("Cmd") or [], names=info.get("RepoTags") or [])
+
+
+def image_layers(image_id: str) -> list[str]:
+    """The digests of an image's layers' contents, bottom first ([] when podman no longer has it)."""
+    proc = shell.run([*PODMAN, "image", "inspect", "--format", "{{json .RootFS.Layers}}", image_id],
+                     check=False)
+    return (json.loads(proc.stdout) or []) if proc.returncode == 0 else []
 
 
 @dataclass
@@ -125,15 +130,13 @@ def pin_bridge_address() -> None:
     never set takes the lowest of its ports' addresses, so it changes whenever a container joins or leaves
     (netavark makes the bridge with none set): the other containers' ARP entries for their gateway then
     point nowhere, and their traffic to the host and beyond is lost for seconds."""
-    bridge = Path("/sys/class/net") / (bridge_name() or "-")
-    try:
-        if (bridge / "addr_assign_type").read_text().strip() == ADDRESS_SET:
-            return
-        address = (bridge / "address").read_text().strip()
-    except OSError:
-        return  # no bridge on the host (rootless networking, another driver)
-    # best effort: the bridge goes when its last container stops, maybe meanwhile
-    shell.run(["ip", "link", "set", "dev", bridge.name, "address", address], check=False)
+    try:  # best effort: without it, sandboxes work as before; the bridge may even go meanwhile
+        bridge = Path("/sys/class/net") / (bridge_name() or "-")
+        if (bridge / "addr_assign_type").read_text().strip() != ADDRESS_SET:
+            address = (bridge / "address").read_text().strip()
+            shell.run(["ip", "link", "set", "dev", bridge.name, "address", address], check=False)
+    except (CommandError, OSError, ValueError, LookupError):
+        pass  # no bridge on the host (rootless networking, another driver), or no `ip`
 
 
 @functools.cache

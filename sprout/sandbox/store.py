@@ -20,8 +20,8 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from . import btrfs, confinement, execution, podman, rootfs, runtime, shell, trust, users
@@ -353,13 +353,10 @@ class Store:
                 return self.image(key)
             partial = self.root / "images" / f".partial-{key}"
             btrfs.delete(partial)
+            layers = podman.image_layers(config.image_id)
             try:
-                base = self._closest_image(config.layers)
-                if base is None:
-                    btrfs.create(partial)
-                else:
-                    btrfs.snapshot(base.path, partial, readonly=False)
-                _copy_image(reference, partial)
+                self._begin_image(partial, layers)
+                _copy_image(reference, config.image_id, partial)
                 _create_workdir(partial, config.workdir, reference)
                 btrfs.set_readonly(partial)
                 btrfs.delete(path)
@@ -367,29 +364,32 @@ class Store:
             except BaseException:
                 btrfs.delete(partial)
                 raise
-            self.meta.put_image(key, config.image_id, config.names, config.__dict__)
+            self.meta.put_image(key, config.image_id, config.names, config.__dict__, layers)
         return self.image(key)
 
-    def _closest_image(self, layers: list[str] | None) -> Image | None:
-        """The store image that shares the longest run of first layers with `layers` (none shares one)."""
-        best, shared = None, 0
-        for image in self.images():
-            common = _shared_prefix(self._layers(image), layers or [])
-            if common > shared and btrfs.is_subvolume(image.path):
-                best, shared = image, common
-        return best
+    def _begin_image(self, partial: Path, layers: list[str]) -> None:
+        """Makes the subvolume `partial`: a snapshot of the store image closest to `layers` (its hard links
+        separated), or an empty one."""
+        if (base := self._closest_image(layers)) is not None:
+            with suppress(CommandError):  # removed meanwhile: then the image is copied whole
+                btrfs.snapshot(base, partial, readonly=False)
+        if partial.exists():
+            _separate_hard_links(partial)
+        else:
+            btrfs.create(partial)
 
-    def _layers(self, image: Image) -> list[str]:
-        """An image's layers; a row from before they were recorded gets them from podman, once."""
-        if image.config.layers is not None:
-            return image.config.layers
-        try:
-            layers = podman.inspect_image(image.image_id).layers or []
-        except ImageNotFound:
-            layers = []  # podman no longer has it: no layers to match
-        config = json.dumps({**image.config.__dict__, "layers": layers})
-        self.meta.execute("UPDATE images SET config = ? WHERE key = ?", config, image.key)
-        return layers
+    def _closest_image(self, layers: list[str]) -> Path | None:
+        """The subvolume of the store image that shares the longest run of first layers with `layers`."""
+        best, shared = None, 0
+        for row in self.meta.all("SELECT key, image_id, layers FROM images"):
+            known = row["layers"]
+            if known is None:  # recorded before layers were, or shipped: asked of podman, once
+                known = json.dumps(podman.image_layers(row["image_id"]))
+                self.meta.execute("UPDATE images SET layers = ? WHERE key = ?", known, row["key"])
+            common = _shared_prefix(json.loads(known), layers)
+            if common > shared and btrfs.is_subvolume(path := self.root / "images" / row["key"]):
+                best, shared = path, common
+        return best
 
     def image(self, name: str) -> Image:
         """An image by store key (im-...), podman name or image id."""
@@ -403,7 +403,7 @@ class Store:
             raise ImageNotFound(f"no image {name!r} in the store (import it: python -m sprout.sandbox "
                                 f"images import {name})")
         return Image(self, row["key"], row["image_id"], json.loads(row["names"]),
-                     ImageConfig(**json.loads(row["config"])))
+                     _image_config(json.loads(row["config"])))
 
     def remove_image(self, key: str) -> None:
         """Deletes an image's subvolume and record; refused while a sandbox or checkpoint uses it."""
@@ -707,23 +707,45 @@ def _create_workdir(root: Path, workdir: str, reference: str) -> None:
         raise StoreError(f"image {reference}: its WORKDIR {workdir} exists but is not a directory") from None
 
 
+def _image_config(stored: dict) -> ImageConfig:
+    """An image row's config, without keys this version does not know (another version's rows)."""
+    return ImageConfig(**{f.name: stored[f.name] for f in fields(ImageConfig) if f.name in stored})
+
+
 def _shared_prefix(a: list[str], b: list[str]) -> int:
     """How many first items `a` and `b` have in common."""
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def _copy_image(reference: str, dest: Path) -> None:
-    """Makes `dest` hold exactly the filesystem of podman's image `reference`. Files `dest` already holds
-    alike (content, metadata) are left as they are, so a snapshot of a related image keeps sharing them."""
-    mountpoint = podman.podman("image", "mount", reference, what=f"podman image mount {reference}")
+def _separate_hard_links(root: Path) -> None:
+    """Gives each name of a hard-linked file its own inode, a reflink copy (no data written). rsync sets
+    metadata in place, which would set it for every name of a link that a layer broke (a chmod of one
+    name); --hard-links then links again what the image links."""
+    found = shell.run(["find", str(root), "-xdev", "-type", "f", "-links", "+1", "-print0"],
+                      what="finding hard links").stdout
+    for name in filter(None, found.split(b"\0")):
+        path = Path(os.fsdecode(name))
+        copy = path.with_name(f".sprout-{secrets.token_hex(4)}")
+        btrfs.clone_file(path, copy)
+        copy.replace(path)
+
+
+def _copy_image(reference: str, image_id: str, dest: Path) -> None:
+    """Makes `dest` hold exactly the filesystem of podman's image `image_id` (`reference`'s). Files `dest`
+    already holds alike (content, metadata) are left as they are, so a snapshot of a related image keeps
+    sharing them."""
+    mountpoint = podman.podman("image", "mount", image_id, what=f"podman image mount {reference}")
     try:
         # --checksum: a file a layer rewrote may keep its size and mtime; --modify-window=-1: times to the
         # nanosecond (rsync otherwise leaves a new file's own time when it is in the source's second)
-        shell.run(["rsync", "--archive", "--hard-links", "--acls", "--xattrs", "--numeric-ids", "--checksum",
-                   "--modify-window=-1", "--delete", f"{mountpoint}/", f"{dest}/"],
-                  what=f"copying {reference} into the store")
+        proc = shell.run(["rsync", "--archive", "--hard-links", "--acls", "--xattrs", "--numeric-ids",
+                          "--checksum", "--modify-window=-1", "--delete", f"{mountpoint}/", f"{dest}/"],
+                         check=False)
     finally:
-        podman.podman("image", "unmount", reference, what=f"podman image unmount {reference}")
+        shell.run([*podman.PODMAN, "image", "unmount", image_id], check=False)
+    if proc.returncode != 0:
+        errors = [line for line in proc.stderr.decode(errors="replace").splitlines() if line.strip()]
+        raise StoreError(f"copying {reference} into the store failed: {'; '.join(errors[:3])}")
 
 
 def ensure_mounted(root: Path) -> None:

@@ -55,9 +55,9 @@ def _free_space(store: Store) -> Check:
     text = f"{free / 2**30:.1f} GiB free in {store.root}"
     if free >= MIN_FREE_BYTES:
         return Check("free space", True, text)
-    return Check("free space", False, f"{text}, under 5 GiB: `python -m sprout.sandbox gc --older-than 24` "
-                                      "removes old unused checkpoints and images; ops/setup_podman.sh grows "
-                                      "a loop file")
+    hint = ("`python -m sprout.sandbox gc --older-than 24` removes old unused checkpoints and images; "
+            "ops/setup_podman.sh grows a loop file")
+    return Check("free space", False, f"{text}, under {MIN_FREE_BYTES >> 30} GiB: {hint}")
 
 
 def _podman() -> Check:

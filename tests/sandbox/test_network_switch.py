@@ -92,7 +92,7 @@ def test_a_sandbox_keeps_reaching_the_host_while_others_join_and_leave_the_netwo
     with greeter(gateway) as port, ThreadPoolExecutor(1) as pool:
         probes = pool.submit(sandbox.exec, (
             "ok=0; for i in $(seq 60); do timeout 1 bash -c 'exec 3<>/dev/tcp/%s/%d && head -c 5 <&3' "
-            ">/dev/null && ok=$((ok + 1)); sleep 0.1; done; echo $ok of 60") % (gateway, port))
+            ">/dev/null && ok=$((ok + 1)); sleep 0.1; done; echo $ok") % (gateway, port))
         seen = {address.read_text()}
         for _ in range(3):
             other = others.create_sandbox(DEBIAN_IMAGE, network=True)
@@ -102,5 +102,7 @@ def test_a_sandbox_keeps_reaching_the_host_while_others_join_and_leave_the_netwo
                 seen.add(address.read_text())
             other.destroy()
             seen.add(address.read_text())
-        assert probes.result().output.strip() == "60 of 60"
+        # a lost gateway costs seconds of probes in a row (52 of 60 before the fix); one stray timeout
+        # on a busy host is not that
+        assert int(probes.result().output) >= 58
     assert len(seen) == 1, f"the bridge's address changed: {seen}"

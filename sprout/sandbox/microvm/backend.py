@@ -22,7 +22,7 @@ from pathlib import Path
 from .. import btrfs, podman
 from ..errors import StoreError
 from ..trust import CONTAINER_BUNDLE, HostTrust, container_env
-from .guest import BUSYBOX, clone_file, guest_kit, make_disk
+from .guest import BUSYBOX, guest_kit, make_disk
 from .vm import MicroVM, VMLimits, choose_accel
 
 DISK_FILE, MEMORY_FILE = "disk.img", "memory.bin"
@@ -63,7 +63,7 @@ def create_subvolume(store_root: Path, image_key: str, rootfs: Path, dest: Path)
     disk = image_disk(store_root, image_key, rootfs)
     btrfs.create(dest)
     try:
-        clone_file(disk, dest / DISK_FILE)
+        btrfs.clone_file(disk, dest / DISK_FILE)
     except BaseException:
         btrfs.delete(dest)
         raise

@@ -162,7 +162,7 @@ def _compile_agent(dest: Path) -> None:
 
 def make_disk(rootfs: Path, dest: Path) -> None:
     """Writes `rootfs` (a directory) as a sparse ext4 file with room to grow; owners, modes and
-    links are kept. Done once per image: sandboxes get reflinks of it (`clone_file`)."""
+    links are kept. Done once per image: sandboxes get reflinks of it (`btrfs.clone_file`)."""
     counted = subprocess.run(["du", "-sb", str(rootfs)], capture_output=True, text=True)
     if counted.returncode != 0:
         raise GuestError(f"cannot measure {rootfs}: {counted.stderr.strip()}")
@@ -175,11 +175,3 @@ def make_disk(rootfs: Path, dest: Path) -> None:
         partial.unlink(missing_ok=True)
         raise GuestError(f"writing {rootfs} as a disk failed: {result.stderr.strip()}")
     os.replace(partial, dest)
-
-
-def clone_file(source: Path, dest: Path) -> None:
-    """An O(1) copy-on-write copy (a reflink on btrfs); refuses to fall back to copying the bytes."""
-    result = subprocess.run(["cp", "--reflink=always", str(source), str(dest)],
-                            capture_output=True, text=True)
-    if result.returncode != 0:
-        raise StoreError(f"cannot reflink {source} to {dest}: {result.stderr.strip()}")
