@@ -42,12 +42,6 @@ def podman(*args: str) -> str:
     return proc.stdout.strip()
 
 
-def exclusive_mb(path: Path) -> float:
-    out = subprocess.run(["btrfs", "filesystem", "du", "-s", "--raw", str(path)], capture_output=True,
-                         text=True, check=True).stdout
-    return int(out.splitlines()[1].split()[1]) / 1e6
-
-
 def export_tar(image: str, dest: Path) -> None:
     container = f"sprout-bench-unpack-{secrets.token_hex(4)}"
     podman("create", "--name", container, image, "true")
@@ -80,7 +74,7 @@ def round_of(main: Store, image: str, task: str) -> dict[str, tuple[float, float
             started = time.perf_counter()
             path = run(store)
             btrfs.flush(store.root)
-            results[way] = (time.perf_counter() - started, exclusive_mb(path))
+            results[way] = (time.perf_counter() - started, btrfs.disk_usage([path]) / 1e6)
         finally:
             drop_store(store)
 

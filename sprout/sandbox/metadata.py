@@ -26,6 +26,10 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 CREATE INDEX IF NOT EXISTS checkpoints_parent ON checkpoints(parent);
 CREATE INDEX IF NOT EXISTS sandboxes_base ON sandboxes(base_checkpoint);
 """
+# Columns stores made by earlier versions lack (NULL in their old rows): a checkpoint's copy of its
+# sandbox's limits, the owner of sandboxes and checkpoints, an image's layers.
+ADDED_COLUMNS = (("checkpoints", "limits"), ("sandboxes", "owner"), ("checkpoints", "owner"),
+                 ("images", "layers"))
 
 
 class Metadata:
@@ -36,14 +40,9 @@ class Metadata:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(checkpoints)")}
-        if "limits" not in columns:  # stores made before checkpoints kept their sandbox's limits
-            self._db.execute("ALTER TABLE checkpoints ADD COLUMN limits TEXT")
-        if "layers" not in {row[1] for row in self._db.execute("PRAGMA table_info(images)")}:
-            self._db.execute("ALTER TABLE images ADD COLUMN layers TEXT")  # NULL: not recorded yet
-        for table in ("sandboxes", "checkpoints"):  # stores made before sandboxes had owners
-            if "owner" not in {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}:
-                self._db.execute(f"ALTER TABLE {table} ADD COLUMN owner TEXT")
+        for table, column in ADDED_COLUMNS:
+            if column not in {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
         self._lock = threading.RLock()  # one connection, shared by the threads of a process
 
     @contextmanager
