@@ -198,8 +198,8 @@ fi
 RUNTIME="$REPO/runtime/sprout-runtime"
 launcher=$(cat <<EOF
 #!/bin/sh
-# sprout-runtime: runs a command inside a running Sprout sandbox (see sprout/sandbox/runtime.py).
-exec "$VENV/bin/python" -I -S -c 'import sys; sys.path[:0] = ["$REPO/sprout/sandbox"]; import runtime; sys.exit(runtime.main(sys.argv[1:]))' "\$@"
+# sprout-runtime: runs a command inside a running Sprout sandbox (see src/sprout/sandbox/runtime.py).
+exec "$VENV/bin/python" -I -S -c 'import sys; sys.path[:0] = ["$REPO/src/sprout/sandbox"]; import runtime; sys.exit(runtime.main(sys.argv[1:]))' "\$@"
 EOF
 )
 if [ -x "$RUNTIME" ] && [ "$(cat "$RUNTIME")" = "$launcher" ]; then

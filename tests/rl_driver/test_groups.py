@@ -19,7 +19,7 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.python_only
 
-EXAMPLES = REPO / "sprout" / "rl_driver"
+EXAMPLES = REPO / "src" / "sprout" / "rl_driver"
 TRAJECTORY = json.loads((EXAMPLES / "result.example.json").read_text())["trajectories"][0]
 
 

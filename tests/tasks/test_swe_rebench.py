@@ -489,7 +489,7 @@ def test_to_harbor_writes_a_separate_verifier_task_whose_scripts_parse(tmp_path)
 def test_the_verdict_script_runs_alone_as_in_a_verifier_container(tmp_path):
     """verdict.py copied out of Sprout (as to-harbor copies it) judges a log with the parsers file."""
     script = tmp_path / "verdict.py"
-    script.write_bytes((REPO / "sprout" / "tasks" / "swe_rebench" / "verdict.py").read_bytes())
+    script.write_bytes((REPO / "src" / "sprout" / "tasks" / "swe_rebench" / "verdict.py").read_bytes())
     (tmp_path / "log_parsers.py").write_text(PARSERS)
     (tmp_path / "stdout").write_text("PASSED tests/test_ops.py::test_add\nFAILED tests/test_mul.py::test_mul\n")
     (tmp_path / "stderr").write_text("PASSED tests/test_extra.py::test_x [3 ms]\n")

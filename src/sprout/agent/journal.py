@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from .. import __version__
+from ..checkout import CHECKOUT
 from ..sandbox.errors import SproutError
 
 SCHEMA_VERSION = 1
@@ -27,7 +28,7 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
-def git_commit(path: Path = Path(__file__).resolve().parents[2]) -> str | None:
+def git_commit(path: Path = CHECKOUT) -> str | None:
     try:
         out = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True)
     except OSError:

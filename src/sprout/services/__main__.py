@@ -34,6 +34,7 @@ from pathlib import Path
 from pydantic import ValidationError
 from rich.table import Table
 
+from ..checkout import RUNTIME_LAUNCHER
 from ..console import console, run_parser
 from ..runstore.endpoints import ConfiguredEndpoint, check_name
 from ..sandbox.errors import SproutError
@@ -58,9 +59,6 @@ from .config import (
     token,
     write_secret,
 )
-
-REPO_RUNTIME = Path(__file__).resolve().parents[2] / "runtime" / "sprout-runtime"
-
 
 PROXY_FLAGS = {"model_name": "proxy_model", "provider_model": "proxy_provider_model", "api_base": "proxy_api_base",
                "key_env": "proxy_key_env", "port": "proxy_port"}
@@ -177,7 +175,7 @@ def _endpoints_from(args, base: dict[str, ConfiguredEndpoint]) -> dict[str, Conf
 def _defaults() -> ServicesConfig:
     url = os.environ.get("SPROUT_MODEL_ENDPOINT") or os.environ.get("OPENAI_BASE_URL", "")
     return ServicesConfig(endpoints={"default": _endpoint("default", url, DEFAULT_KEY_ENV)} if url else {},
-                          runtime_bin=str(REPO_RUNTIME) if REPO_RUNTIME.exists() else "")
+                          runtime_bin=str(RUNTIME_LAUNCHER) if RUNTIME_LAUNCHER.exists() else "")
 
 
 def _write_secrets(directory: Path) -> list[str]:

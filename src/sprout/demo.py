@@ -11,18 +11,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .checkout import RUNTIME_LAUNCHER
 from .console import console, run_cli
 
 SCRIPT = Path(__file__).parent / "demo_data" / "fizzbuzz.json"
 TASK = "write fizzbuzz.py, run it, and check that 15 prints FizzBuzz"
-REPO_RUNTIME = Path(__file__).resolve().parents[1] / "runtime" / "sprout-runtime"
 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m sprout.demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--journal", type=Path, default=Path("runs/demo.jsonl"), help="(replaced if it exists)")
-    p.add_argument("--runtime-bin", type=Path, default=REPO_RUNTIME if REPO_RUNTIME.exists() else None)
+    p.add_argument("--runtime-bin", type=Path, default=RUNTIME_LAUNCHER if RUNTIME_LAUNCHER.exists() else None)
     args = p.parse_args(argv)
     from .agent.models import Endpoint
     from .agent.runner import RolloutSpec, run_rollout

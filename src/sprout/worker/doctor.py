@@ -9,13 +9,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..checkout import RUNTIME_LAUNCHER
 from ..sandbox import Store, podman, shell, trust
 from ..sandbox.errors import SproutError
 from ..sandbox.images import RECIPES
 
 MIN_FREE_BYTES = 5 << 30
-REPO = Path(__file__).resolve().parents[2]
-DEFAULT_RUNTIME = REPO / "runtime" / "sprout-runtime"
+DEFAULT_RUNTIME = RUNTIME_LAUNCHER
 
 
 @dataclass

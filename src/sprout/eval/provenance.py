@@ -22,10 +22,11 @@ from pydantic import BaseModel, Field, ValidationError
 
 from .. import __version__
 from ..agent.journal import now
+from ..checkout import CHECKOUT
 from ..sandbox.errors import SproutError
 from ..tasks.dataset import TaskIdsFile, task_dirs
 
-SOURCE_REPO = Path(__file__).resolve().parents[2]  # the checkout Sprout runs from
+SOURCE_REPO = CHECKOUT  # the checkout Sprout runs from
 MANIFEST_KIND = "sprout.preparation"
 
 
