@@ -7,7 +7,7 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.markup import escape
 
-from .sandbox.errors import SproutError
+from .errors import SproutError
 
 # Piped output (logs, tests, CI) gets wide tables instead of ids wrapped at 80 columns.
 console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
@@ -19,7 +19,7 @@ def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = No
         code = main(sys.argv[1:] if argv is None else argv)
     except SproutError as e:
         errors.print(f"[red]error:[/red] {escape(str(e))}", markup=True)  # a path may hold "[...]"
-        code = 1
+        code = e.exit_code
     except KeyboardInterrupt:
         errors.print("interrupted")
         code = 130

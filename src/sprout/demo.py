@@ -49,7 +49,7 @@ def main(argv: list[str]) -> int:
 def _forget(journal: Path, store) -> None:
     """Removes an earlier demo journal and the checkpoints it made."""
     from .agent.journal import read_journal
-    from .sandbox.errors import SproutError
+    from .errors import SproutError
 
     if not journal.exists():
         return

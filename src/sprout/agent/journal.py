@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from .. import __version__
 from ..checkout import CHECKOUT
-from ..sandbox.errors import SproutError
+from ..errors import SproutError
 
 SCHEMA_VERSION = 1
 OBSERVATION_CAP = 10_000

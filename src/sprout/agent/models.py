@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..sandbox.errors import SproutError
+from ..errors import SproutError
 
 MODEL_CLASSES = {
     "tools": ("mini.yaml", "litellm"),  # tool calls (LitellmModel), mini-swe-agent's default

@@ -23,7 +23,7 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..console import console, errors, run_cli
-from ..sandbox.errors import SproutError
+from ..errors import SproutError
 from ..tasks.dataset import TaskIdsFile, describe, load_task_ids
 from . import evaluate
 from .provenance import check_source, dataset_digest, read_manifest

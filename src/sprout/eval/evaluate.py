@@ -33,6 +33,7 @@ from ..agent.journal import now
 from ..agent.models import Endpoint
 from ..agent.runner import TurnEvent
 from ..console import console, errors, run_cli
+from ..errors import SproutError
 from ..method.backend import LocalBackend
 from ..method.budget import equal_budget
 from ..method.executor import AgentConfig, TaskExecutor, release
@@ -40,7 +41,6 @@ from ..method.review import ReviewerConfig
 from ..method.search import MethodConfig, run_method, wave_size
 from ..runstore.endpoints import check_name
 from ..sandbox import Store, trust
-from ..sandbox.errors import SproutError
 from ..sandbox.slots import SLOTS_ENV, host_slot_count
 from ..sandbox.store import BACKEND_HELP, BACKENDS
 from ..tasks import ensure_image, load_task

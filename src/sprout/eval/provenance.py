@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field, ValidationError
 from .. import __version__
 from ..agent.journal import now
 from ..checkout import CHECKOUT
-from ..sandbox.errors import SproutError
+from ..errors import SproutError
 from ..tasks.dataset import TaskIdsFile, task_dirs
 
 SOURCE_REPO = CHECKOUT  # the checkout Sprout runs from

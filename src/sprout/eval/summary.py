@@ -11,10 +11,10 @@ from pydantic import BaseModel, Field, ValidationError
 
 from .. import __version__
 from ..agent.journal import now
+from ..errors import SproutError
 from ..method.budget import Budget, BudgetBy, cost_to_solve
 from ..method.records import AttemptRecord, ReviewRecord
 from ..method.search import Method
-from ..sandbox.errors import SproutError
 from .provenance import Pinning, PreparedImage, SourceState
 
 SUMMARY = "summary.json"

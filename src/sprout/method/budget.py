@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from ..sandbox.errors import SproutError
+from ..errors import SproutError
 from .records import AttemptRecord, ReviewRecord
 
 BudgetBy = Literal["turns", "tokens"]

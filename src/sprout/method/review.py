@@ -25,7 +25,7 @@ import httpx
 from pydantic import ValidationError
 
 from ..agent.models import Endpoint
-from ..sandbox.errors import SproutError
+from ..errors import SproutError
 from .records import BranchPoint, ReviewAnswer, ReviewRecord, ReviewTry
 from .trajectory import Step
 

@@ -17,7 +17,7 @@ import logging
 from pathlib import Path
 
 from ..console import console, errors, run_parser
-from ..sandbox.errors import SproutError
+from ..errors import SproutError
 from ..sandbox.store import BACKEND_HELP, BACKENDS
 from ..tasks.pull import PULL_HELP, PULL_POLICIES
 from .config import DEFAULT_PORT, load_config

@@ -20,7 +20,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..agent import defaults
-from ..sandbox.errors import SproutError
+from ..errors import SproutError
 from ..tasks.pull import PullPolicy
 from ..tasks.swe_rebench import SweRebenchRef
 

@@ -31,7 +31,7 @@ from minisweagent.models.utils.actions_toolcall import BASH_TOOL
 
 from ..agent.journal import Journal
 from ..agent.runner import INSERTED
-from ..sandbox.errors import SproutError
+from ..errors import SproutError
 from .protocol import ROLES, strip_hints
 
 TOOLS_BY_MODEL_CLASS: dict[str, list[dict]] = {"tools": [BASH_TOOL], "text": []}

@@ -20,8 +20,8 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
+from ..errors import SproutError
 from ..sandbox import Store
-from ..sandbox.errors import SproutError
 from .config import DriverConfig, ServedTask, served_task
 from .ledger import DELETING, LIVE, GroupRow, Ledger
 from .outcome import annotate, root_counts

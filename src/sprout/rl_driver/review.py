@@ -24,8 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, f
 from ..agent.journal import Turn, read_journal
 from ..agent.models import Endpoint
 from ..agent.runner import INSERTED
+from ..errors import SproutError
 from ..method.review import answer_problems, cap_middle, first_json_object
-from ..sandbox.errors import SproutError
 from .config import ReviewConfig
 
 OBSERVATION_CAP = 3_000  # per turn, head and tail

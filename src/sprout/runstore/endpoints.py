@@ -94,7 +94,7 @@ def check_name(name: str) -> str:
 
 def worker_endpoints(environ: Mapping[str, str] = os.environ) -> dict[str, ConfiguredEndpoint]:
     """This worker's configured endpoints, from $SPROUT_ENDPOINTS (JSON {name: {url, key_env}})."""
-    from ..sandbox.errors import SproutError
+    from ..errors import SproutError
 
     raw = environ.get(ENDPOINTS_ENV, "").strip()
     if not raw:
@@ -124,7 +124,7 @@ def resolve(ref: EndpointRef | Mapping, configured: Mapping[str, ConfiguredEndpo
     and key variable, or a plain URL with no key. Raises SproutError (nothing is called) for a name
     this worker does not have, or whose key variable is not set here."""
     from ..agent.models import Endpoint
-    from ..sandbox.errors import SproutError
+    from ..errors import SproutError
 
     ref = ref if isinstance(ref, EndpointRef) else EndpointRef.model_validate(ref)
     if ref.url is not None:

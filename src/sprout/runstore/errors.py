@@ -6,9 +6,11 @@ the class to an HTTP status (``status``) and the client maps it back by name.
 
 from __future__ import annotations
 
+from ..errors import SproutError
 
-class RunStoreError(Exception):
-    """Base class of every Run Store error."""
+
+class RunStoreError(SproutError):
+    """Base class of every Run Store error (a SproutError: the command line prints it as one line)."""
 
     status = 500
 

@@ -1,8 +1,6 @@
-"""Errors a user can cause or meet; each carries one clear message (the CLI prints it, no traceback)."""
+"""The sandbox layer's errors: each a SproutError with one clear message (the CLI prints it, no traceback)."""
 
-
-class SproutError(Exception):
-    """Base class: the message is meant for the user."""
+from ..errors import SproutError
 
 
 class StoreError(SproutError):

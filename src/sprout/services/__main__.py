@@ -36,8 +36,8 @@ from rich.table import Table
 
 from ..checkout import RUNTIME_LAUNCHER
 from ..console import console, run_parser
+from ..errors import SproutError
 from ..runstore.endpoints import ConfiguredEndpoint, check_name
-from ..sandbox.errors import SproutError
 from . import supervisor
 from .config import (
     DEFAULT_KEY_ENV,

@@ -142,13 +142,13 @@ class ServicesConfig(BaseModel):
 def load(directory: Path | None = None) -> ServicesConfig:
     path = (directory or config_dir()) / "services.json"
     if not path.exists():
-        from ..sandbox.errors import SproutError
+        from ..errors import SproutError
 
         raise SproutError(f"no services config at {path}: run `python -m sprout.services init` (or `setup`)")
     try:
         return ServicesConfig.model_validate_json(path.read_text())
     except ValidationError as e:
-        from ..sandbox.errors import SproutError
+        from ..errors import SproutError
 
         first = e.errors()[0]
         raise SproutError(f"{path}: {'.'.join(map(str, first['loc'])) or 'file'}: {first['msg']}") from None

@@ -1,6 +1,6 @@
 """Errors of the task layer; each message is one line meant for the user (it names the task)."""
 
-from ..sandbox.errors import SproutError
+from ..errors import SproutError
 
 
 class TaskError(SproutError):

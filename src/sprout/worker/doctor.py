@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..checkout import RUNTIME_LAUNCHER
+from ..errors import SproutError
 from ..sandbox import Store, podman, shell, trust
-from ..sandbox.errors import SproutError
 from ..sandbox.images import RECIPES
 
 MIN_FREE_BYTES = 5 << 30

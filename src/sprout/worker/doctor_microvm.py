@@ -3,8 +3,8 @@
 import shutil
 import subprocess
 
+from ..errors import SproutError
 from ..sandbox import Store
-from ..sandbox.errors import SproutError
 from ..sandbox.microvm.backend import accelerator
 from ..sandbox.microvm.guest import guest_kernel
 from ..sandbox.microvm.vm import QEMU

@@ -103,7 +103,7 @@ def _seconds_until(deadline_unix: float) -> int:
     import math
     import time
 
-    from ..sandbox.errors import SproutError
+    from ..errors import SproutError
 
     left = deadline_unix - time.time()
     if left < 1:

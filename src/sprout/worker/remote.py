@@ -23,6 +23,7 @@ from pydantic import TypeAdapter
 from ..agent.journal import Outcome, read_journal
 from ..agent.models import Endpoint
 from ..agent.runner import RolloutCancelled, TurnEvent
+from ..errors import SproutError
 from ..method.backend import RolloutDone, RolloutRequest
 from ..method.records import ReviewRecord
 from ..method.review import ReviewerConfig, ReviewInput
@@ -30,7 +31,6 @@ from ..runstore.endpoints import EndpointRef
 from ..runstore.errors import RunStoreError
 from ..runstore.kinds import Payload
 from ..runstore.models import Job
-from ..sandbox.errors import SproutError
 from ..tasks import GradeResult
 from ..tasks.swe_rebench import SweRebenchRef
 from .jobs import (

@@ -51,7 +51,7 @@ def add_parser(sub) -> None:
 
 
 def cmd_run(args) -> int:
-    from ..sandbox.errors import SproutError
+    from ..errors import SproutError
 
     os.environ["MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT"] = str(max(1, args.model_retries))
     try:

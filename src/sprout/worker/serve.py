@@ -183,7 +183,7 @@ class Worker:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..sandbox.errors import SproutError
+    from ..errors import SproutError
     from .handlers import default_handlers, store_from_env
     from .shipping import ShipServer, fetch_checkpoint
 
