@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sprout.sandbox import Store, btrfs, runtime
+from sprout.sandbox.backends.container import profile_of
 from sprout.sandbox.podman import PODMAN
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,7 +60,7 @@ WRITER = "while :; do head -c 65536 /dev/zero >> /root/busy; [ $(stat -c %s /roo
 
 
 def freeze_times(sandbox, n: int) -> list[float]:
-    profile = sandbox._profile()
+    profile = profile_of(sandbox)
 
     def freeze_and_thaw() -> None:
         with runtime.frozen(profile):
@@ -183,7 +184,7 @@ def main() -> None:
     args = parser.parse_args()
     console = Console()
     if args.backend == "microvm":
-        from sprout.sandbox.microvm.backend import accelerator
+        from sprout.sandbox.backends.microvm import accelerator
         accel, why = accelerator()
         rows = microvm_rows(Store(runtime_bin=REPO / "runtime" / "sprout-runtime"), args.n, console)
         table = Table("measurement", "container", f"microVM ({accel})", "anchor",

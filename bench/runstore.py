@@ -44,6 +44,7 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy import create_engine, make_url, text
 
+from sprout.jobs.payloads import job_kinds
 from sprout.runstore.auth import hash_token, new_token
 from sprout.runstore.client import RunStoreClient
 from sprout.runstore.models import JobSpec
@@ -257,7 +258,7 @@ def bench(engine: str, mode: str, workers: int, batch: int, args: argparse.Names
     result = Result(engine, mode, workers, batch)
     claims = Claims()
     with fresh_database(engine, args.postgres_url) as db_url:
-        store = RunStore(db_url, pool_size=workers + 2)
+        store = RunStore(db_url, job_kinds(), pool_size=workers + 2)
         store.submit("gate", PAYLOAD)  # warm up
         (warm,) = store.claim("warm", "bench-host")
         store.complete(warm.job.id, warm.lease_token)

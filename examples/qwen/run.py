@@ -30,10 +30,10 @@ import httpx
 from sprout.console import console, run_cli
 from sprout.eval import benchmark
 from sprout.eval.prepare import prepare
+from sprout.jobs.remote import configured_client
 from sprout.sandbox import Store
 from sprout.sandbox.errors import SproutError
 from sprout.tasks.dataset import load_task_ids, read_task_ids
-from sprout.worker.remote import configured_client
 
 DEFAULT_MODEL = "Qwen/Qwen3-Coder-30B-A3B-Instruct"
 DEFAULT_ENDPOINT = "http://127.0.0.1:8000/v1"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sprout.agent.journal import read_journal
-from sprout.method.executor import release
+from sprout.jobs.journals import release
 from sprout.sandbox import Store
 from sprout.sandbox.errors import SproutError
 from tests.conftest import REPO, RUNTIME_BIN

@@ -10,11 +10,10 @@ from sprout.eval.evaluate import endpoints
 from sprout.eval.evaluate import parser as evaluate_parser
 from sprout.eval.results import find_summaries
 from sprout.eval.summary import read_summary
+from sprout.jobs.endpoints import EndpointRef, endpoint_ref
 from sprout.runstore.client import RunStoreClient
-from sprout.runstore.endpoints import EndpointRef
 from sprout.sandbox.errors import SproutError
 from sprout.testing.scripted_model import ScriptedModelServer
-from sprout.worker.remote import endpoint_ref
 from tests.method.conftest import KEY_ENV, evaluate_args, run_module
 from tests.method.test_benchmark import SOLVE
 from tests.method.test_evaluate import BRANCH, FIRST, REVIEW

@@ -16,9 +16,9 @@ import pytest
 
 from sprout.agent.journal import Outcome
 from sprout.agent.runner import RolloutCancelled
+from sprout.eval.executor import TaskExecutor
 from sprout.eval.summary import read_summary
-from sprout.method.backend import RolloutDone, RolloutRequest
-from sprout.method.executor import TaskExecutor
+from sprout.jobs.local import RolloutDone, RolloutRequest
 from sprout.method.records import AttemptPlan, AttemptRecord
 from sprout.sandbox import Store
 from sprout.sandbox.errors import SproutError
@@ -64,7 +64,7 @@ def executor(tmp_path: Path, backend: FakeBackend, recorded=()) -> TaskExecutor:
     task = SimpleNamespace(instruction="do it", config=SimpleNamespace(environment=SimpleNamespace(workdir="/app")))
     image = SimpleNamespace(reference="img", image=SimpleNamespace(config=SimpleNamespace(workdir="/")))
     agent = SimpleNamespace(model="m", endpoint=None, model_class="tools", wall_time_s=60, command_timeout_s=10)
-    return TaskExecutor(store=None, backend=backend, task=task, image=image, agent=agent, reviewer=None, out=tmp_path,
+    return TaskExecutor(store=None, jobs=backend, task=task, image=image, agent=agent, reviewer=None, out=tmp_path,
                         recorded_attempts=recorded, log=lambda _text: None)
 
 

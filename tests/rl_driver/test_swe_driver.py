@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from sprout.jobs.payloads import SweGradePayload
+from sprout.jobs.remote import run_job
 from sprout.runstore.client import RunStoreClient
 from sprout.runstore.errors import RunStoreError
 from sprout.sandbox import Store
 from sprout.tasks.swe_rebench import Instance, SweRebenchRef, task_prompt
 from sprout.testing.scripted_model import ScriptedModelServer
-from sprout.worker.jobs import SweGradePayload
-from sprout.worker.remote import run_job
 from tests.conftest import REPO, RUNTIME_BIN, free_port
 from tests.rl_driver.test_driver import (
     INSTRUCTION,

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from sqlalchemy import create_engine, make_url, text
 
-import sprout.worker.jobs  # noqa: F401  (registers the job kinds these tests submit)
+from sprout.jobs.payloads import job_kinds
 from sprout.runstore.store import RunStore
 
 PG_ENV = "SPROUT_TEST_POSTGRES_URL"
@@ -71,8 +71,8 @@ def make_store(db_url: str) -> Iterator[Callable[..., RunStore]]:
     """Open stores on the test's database (closed at teardown)."""
     opened: list[RunStore] = []
 
-    def make(**kwargs: object) -> RunStore:
-        store = RunStore(db_url, **kwargs)  # type: ignore[arg-type]
+    def make(kinds: object = None, **kwargs: object) -> RunStore:
+        store = RunStore(db_url, kinds or job_kinds(), **kwargs)  # type: ignore[arg-type]
         opened.append(store)
         return store
 

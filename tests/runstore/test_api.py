@@ -21,6 +21,7 @@ import httpx
 import pytest
 import uvicorn
 
+from sprout.jobs.payloads import job_kinds
 from sprout.runstore import (
     BodyTooLarge,
     EventType,
@@ -76,7 +77,7 @@ def serve(app: object) -> Iterator[str]:
 @pytest.fixture
 def api(db_url: str) -> Iterator[LiveApi]:
     tokens = {scope: new_token() for scope in Scope}
-    store = RunStore(db_url)
+    store = RunStore(db_url, job_kinds())
     with serve(create_app(store, {hash_token(t): s.value for s, t in tokens.items()}, poll_s=0.1)) as url:
         yield LiveApi(url, tokens, store)
     store.close()
@@ -353,7 +354,7 @@ def test_unauthenticated_requests_are_refused_before_their_body_is_read(api: Liv
 def capped_api(db_url: str) -> Iterator[LiveApi]:
     """The API with a 4 KiB body limit."""
     tokens = {scope: new_token() for scope in Scope}
-    store = RunStore(db_url)
+    store = RunStore(db_url, job_kinds())
     table = {hash_token(t): s.value for s, t in tokens.items()}
     with serve(create_app(store, table, poll_s=0.1, max_body_bytes=4096)) as url:
         yield LiveApi(url, tokens, store)

@@ -8,6 +8,7 @@ from collections import Counter
 
 import pytest
 
+from sprout.jobs.payloads import job_kinds
 from sprout.runstore import JobState, LeaseLost
 from sprout.runstore.store import RunStore
 
@@ -19,7 +20,7 @@ fork = multiprocessing.get_context("fork")
 
 
 def test_eight_workers_run_each_of_1000_jobs_once(db_url: str) -> None:
-    store = RunStore(db_url)
+    store = RunStore(db_url, job_kinds())
     jobs = store.submit_many([{"kind": "gate", "payload": {"task_dir": f"t{i}"}} for i in range(1000)])
     start, out = fork.Barrier(8), fork.Queue()
     procs = [fork.Process(target=drain, args=(db_url, w, start, out)) for w in range(8)]
@@ -40,7 +41,7 @@ def test_eight_workers_run_each_of_1000_jobs_once(db_url: str) -> None:
 
 
 def test_killed_worker_job_is_re_leased_and_its_late_result_refused(db_url: str) -> None:
-    store = RunStore(db_url)
+    store = RunStore(db_url, job_kinds())
     job = store.submit("gate", {"task_dir": "t"}, max_attempts=3)
     lease_s = 1.0
     out = fork.Queue()

@@ -1,4 +1,4 @@
-"""Model endpoints in jobs (sprout.runstore.endpoints): workers send only the keys of their own configured
+"""Model endpoints in jobs (sprout.jobs.endpoints): workers send only the keys of their own configured
 endpoints. A real API process (started with --endpoints, as `services up` starts it), a real worker process
 (its endpoints in $SPROUT_ENDPOINTS, as `services up` passes them) and scripted model servers on 127.0.0.1
 that record every request: review jobs make one model call each, with no sandbox."""

@@ -10,10 +10,8 @@ from pydantic import ValidationError
 
 from sprout.agent.models import Endpoint, SamplingParams
 from sprout.agent.runner import InsertedTurn, RolloutSpec
-from sprout.method.backend import RolloutRequest
-from sprout.worker.handlers import rollout_spec
-from sprout.worker.jobs import RolloutPayload
-from sprout.worker.remote import rollout_payload
+from sprout.jobs.local import RolloutRequest
+from sprout.jobs.payloads import RolloutPayload, rollout_payload, rollout_request
 
 pytestmark = pytest.mark.python_only
 
@@ -32,9 +30,9 @@ def test_every_field_of_a_rollout_reaches_the_worker(tmp_path: Path):
                        insert=InsertedTurn(reasoning="The sum subtracts.", command="sed -i s/-/+/ calc.py", call_id="r-1"))
     payload = rollout_payload(RolloutRequest("a1", spec, checkpoint="ck-1"), tmp_path)
     wire = RolloutPayload.model_validate(json.loads(json.dumps(payload.model_dump(mode="json"))))
-    back = rollout_spec(wire, spec.endpoint)
-    assert {name: getattr(back, name) for name in CARRIED} == {name: getattr(spec, name) for name in CARRIED}
-    assert wire.from_checkpoint == "ck-1" and wire.options.endpoint.url == "http://h:1/v1"
+    back = rollout_request(wire, spec.endpoint, "a1")
+    assert {name: getattr(back.spec, name) for name in CARRIED} == {name: getattr(spec, name) for name in CARRIED}
+    assert wire.from_checkpoint == back.checkpoint == "ck-1" and wire.options.endpoint.url == "http://h:1/v1"
 
 
 @pytest.mark.parametrize("change, field", [

@@ -8,6 +8,7 @@ import time
 import pytest
 from sqlalchemy import inspect, select, text
 
+from sprout.jobs.payloads import job_kinds
 from sprout.runstore import JobState, StoreOpenError
 from sprout.runstore.db import Database
 from sprout.runstore.migrations import LATEST_VERSION, migrate
@@ -30,19 +31,19 @@ def test_old_database_is_migrated(db_url: str) -> None:
         )
     db.close()
 
-    with RunStore(db_url) as store:
+    with RunStore(db_url, job_kinds()) as store:
         assert store.schema_version() == LATEST_VERSION == 3
         (old,) = store.list().jobs
         assert old.payload == {"task_dir": "old"} and old.host is None and old.lease_host is None
         (claim,) = store.claim("w1", "h1")
         assert claim.job.id == old.id
         assert store.complete(old.id, claim.lease_token).state == JobState.SUCCEEDED
-    with RunStore(db_url) as store, store._db.begin(write=False) as conn:  # opening it again changes nothing
+    with RunStore(db_url, job_kinds()) as store, store._db.begin(write=False) as conn:  # opening it again changes nothing
         assert conn.execute(select(schema_version.c.version)).scalars().all() == [1, 2, 3]
 
 
 def test_migrated_schema_matches_the_table_definitions(db_url: str) -> None:
-    with RunStore(db_url) as store, store._db.begin(write=False) as conn:
+    with RunStore(db_url, job_kinds()) as store, store._db.begin(write=False) as conn:
         inspector = inspect(conn)
         for table in metadata.tables.values():
             assert [c["name"] for c in inspector.get_columns(table.name)] != []
@@ -57,7 +58,7 @@ def test_concurrent_openers_migrate_once(db_url: str) -> None:
 
     def open_store() -> None:
         try:
-            RunStore(db_url).close()
+            RunStore(db_url, job_kinds()).close()
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
@@ -67,18 +68,18 @@ def test_concurrent_openers_migrate_once(db_url: str) -> None:
     for t in threads:
         t.join()
     assert errors == []
-    with RunStore(db_url) as store:
+    with RunStore(db_url, job_kinds()) as store:
         assert store.schema_version() == LATEST_VERSION
 
 
 def test_newer_database_is_refused(db_url: str) -> None:
-    RunStore(db_url).close()
+    RunStore(db_url, job_kinds()).close()
     db = Database.open(db_url)
     with db.begin(write=True) as conn:
         conn.execute(schema_version.insert().values(version=99, name="future", applied_at=0.0))
     db.close()
     with pytest.raises(StoreOpenError, match="schema version 99, newer than this Sprout knows"):
-        RunStore(db_url)
+        RunStore(db_url, job_kinds())
 
 
 @pytest.mark.parametrize(
@@ -96,13 +97,13 @@ def test_newer_database_is_refused(db_url: str) -> None:
 )
 def test_bad_urls(url: str, message: str) -> None:
     with pytest.raises(StoreOpenError, match=message) as info:
-        RunStore(url)
+        RunStore(url, job_kinds())
     assert "s3cret" not in str(info.value)
 
 
 def test_plain_path_and_sqlite_url_open_the_same_file(tmp_path) -> None:
     path = tmp_path / "sub" / "store.db"
-    with RunStore(str(path)) as store:
+    with RunStore(str(path), job_kinds()) as store:
         job = store.submit("gate", {"task_dir": "x"})
-    with RunStore(f"sqlite:///{path}") as store:
+    with RunStore(f"sqlite:///{path}", job_kinds()) as store:
         assert store.get(job.id).id == job.id

@@ -13,6 +13,7 @@ import pytest
 from sprout.agent.journal import read_journal
 from sprout.agent.models import Endpoint
 from sprout.agent.runner import RolloutSpec, run_rollout
+from sprout.jobs.payloads import job_kinds
 from sprout.runstore.api import create_app
 from sprout.runstore.auth import Scope, hash_token, new_token
 from sprout.runstore.client import RunStoreClient
@@ -59,7 +60,7 @@ def test_busy_host_checkpoint_is_shipped_to_the_claiming_host(base_store, other_
                            journal=tmp_path / "first.jsonl", image=PYTHON_IMAGE, cwd="/root")
         first = run_rollout(spec, here)
     cp1, cp2 = (t.checkpoint for t in read_journal(first.journal).turns[:2])
-    rs = RunStore(str(tmp_path / "rs.db"))
+    rs = RunStore(str(tmp_path / "rs.db"), job_kinds())
     try:
         elsewhere = RolloutSpec(task="", model="scripted", endpoint=spec.endpoint, journal=tmp_path / "x.jsonl",
                                 from_journal=first.journal, from_turn=1)

@@ -15,7 +15,6 @@ from sprout.runstore import (
     JobState,
     LeaseLost,
     UnknownKind,
-    register_kind,
 )
 from sprout.runstore.store import RunStore
 
@@ -67,11 +66,13 @@ def test_submit_get_and_payload_validation(store: RunStore) -> None:
     assert store.submit("gate", GATE, parent_id=job.id).parent_id == job.id
 
 
-def test_register_kind(store: RunStore) -> None:
+def test_a_store_accepts_the_kinds_it_is_told(make_store, clock) -> None:
     class LintPayload(BaseModel):
         path: str
 
-    register_kind("lint", LintPayload)
+    store = make_store(kinds={"lint": LintPayload}, clock=clock)
+    with pytest.raises(UnknownKind, match="unknown job kind 'gate'; registered kinds: lint"):
+        store.submit("gate", GATE)
     job = store.submit("lint", {"path": "src"})
     assert job.kind == "lint"
     assert claim_one(store, kinds=["lint"]).job.id == job.id

@@ -6,13 +6,14 @@ import time
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
 
+from sprout.jobs.payloads import job_kinds
 from sprout.runstore.store import RunStore
 
 
 def drain(url: str, worker: int, start: Barrier, out: Queue) -> None:
     """Claim and complete jobs until the queue stays empty; report (job_id, lease_token) of each."""
     done: list[tuple[int, int]] = []
-    with RunStore(url, pool_size=2) as store:
+    with RunStore(url, job_kinds(), pool_size=2) as store:
         start.wait()
         idle_since = None
         while True:
@@ -32,7 +33,7 @@ def drain(url: str, worker: int, start: Barrier, out: Queue) -> None:
 
 def hold_lease(url: str, lease_s: float, out: Queue) -> None:
     """Claim one job and keep its lease alive with heartbeats until killed."""
-    with RunStore(url) as store:
+    with RunStore(url, job_kinds()) as store:
         (claim,) = store.claim("doomed", "h1", lease_s=lease_s)
         out.put((claim.job.id, claim.lease_token))
         while True:

@@ -231,7 +231,8 @@ def test_gc_reaps_what_a_killed_owner_left_running(rt_store, tmp_path):
 
 
 def test_copying_files_out_never_follows_links_out_or_blocks_on_special_files(rt_store, tmp_path):
-    from sprout.tasks import transfer
+    from sprout.sandbox import TransferError
+    from sprout.sandbox.host_files import HostFiles
 
     secret = tmp_path / "host-secret"
     secret.write_text("host only\n")
@@ -240,10 +241,11 @@ def test_copying_files_out_never_follows_links_out_or_blocks_on_special_files(rt
             "&& ln -s /logs/reward.txt /logs/inside")
     out = tmp_path / "out"
     started = time.monotonic()
-    transfer.download_dir(sb.path, "/logs", out)
+    files = HostFiles(sb.path)
+    files.download_dir("/logs", out)
     assert time.monotonic() - started < 5
     assert sorted(p.name for p in out.iterdir()) == ["inside", "reward.txt"]
     assert (out / "inside").read_text() == "1\n"
     for name in ("fifo", "leak"):
-        with pytest.raises(transfer.TransferError):
-            transfer.download_file(sb.path, f"/logs/{name}", tmp_path / name)
+        with pytest.raises(TransferError):
+            files.download_file(f"/logs/{name}", tmp_path / name)

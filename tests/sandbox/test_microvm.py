@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from sprout.sandbox import Sandbox, SandboxStateError, Store, StoreError, podman
+from sprout.sandbox.backends.microvm import DISK_FILE, MEMORY_FILE
 from sprout.sandbox.microvm import vm as vm_module
-from sprout.sandbox.microvm.backend import DISK_FILE, MEMORY_FILE
-from sprout.sandbox.microvm.vm import VMError
+from sprout.sandbox.microvm.vm import MicroVM, VMError
 from sprout.sandbox.store import LABEL
 from sprout.tasks.cancellable import exec_async
 from tests.conftest import PYTHON_IMAGE, REPO, bridge_gateway, removing_what_is_made
@@ -223,11 +223,17 @@ def test_root_in_a_guest_cannot_fill_the_host_through_the_console_or_block_the_a
     hostile.destroy()
 
 
+def vm_of(sandbox: Sandbox) -> MicroVM:
+    vm = MicroVM.attach(sandbox.profile_path.parent)
+    assert vm is not None, f"{sandbox.id} runs no VM"
+    return vm
+
+
 def test_a_hung_vm_is_killed_when_its_command_overruns(with_server, monkeypatch):
     _, checkpoint = with_server
     hung = checkpoint.branch()
     monkeypatch.setattr(vm_module, "ANSWER_GRACE_S", 1.0)
-    hung._vm().pause()  # the guest stops answering, as a wedged kernel would
+    vm_of(hung).pause()  # the guest stops answering, as a wedged kernel would
     with pytest.raises(VMError, match="did not answer in time"):
         hung.exec("true", timeout=1)
     assert not hung.running and hung.state == "stopped"
@@ -247,7 +253,7 @@ def test_gc_reaps_a_vm_whose_owner_was_killed(vms):
     os.waitpid(child, 0)
     doomed = [s for s in vms.sandboxes() if s.label == "doomed"]
     assert len(doomed) == 1 and doomed[0].running
-    pid = doomed[0]._vm().pid
+    pid = vm_of(doomed[0]).pid
     removed = vms.gc()
     assert any(doomed[0].id in line and "dead owner" in line for line in removed), removed
     assert not doomed[0].running and not doomed[0].path.exists()
@@ -280,7 +286,7 @@ def test_a_networked_guest_reaches_out_as_a_container_does_but_not_the_hosts_loo
 
 def test_a_killed_qemu_shows_as_stopped_and_restarts(vms):
     sandbox = new_vm(vms)
-    os.kill(sandbox._vm().pid, signal.SIGKILL)
+    os.kill(vm_of(sandbox).pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
     while sandbox.running and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from sprout.agent.journal import read_journal
+from sprout.jobs.endpoints import ConfiguredEndpoint
 from sprout.runstore.client import RunStoreClient
-from sprout.runstore.endpoints import ConfiguredEndpoint
 from sprout.runstore.errors import InvalidPayload
 from sprout.sandbox import Store
 from sprout.services import supervisor

@@ -13,6 +13,7 @@ import pytest
 from harbor.models.task.task import Task
 from harbor.models.trial.paths import TrialPaths
 
+from sprout.sandbox import TransferError
 from sprout.tasks import (
     CommandTimeoutError,
     SproutEnvironment,
@@ -20,7 +21,6 @@ from sprout.tasks import (
     load_task,
     start_task_sandbox,
 )
-from sprout.tasks.transfer import TransferError
 from tests.conftest import REPO, RUNTIME_BIN
 from tests.tasks.conftest import FIXTURES, SLOW_FIXTURES
 

@@ -19,7 +19,7 @@ MODEL_CLASSES = {
 class Endpoint:
     """Where the model is served. The key is read from an environment variable, never stored; with
     key_env None no key is sent. `name`: an endpoint configured on Run Store workers (its URL may be
-    unknown to the submitter; sprout.runstore.endpoints)."""
+    unknown to the submitter; sprout.jobs.endpoints)."""
 
     url: str
     key_env: str | None = "OPENAI_API_KEY"

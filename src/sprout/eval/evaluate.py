@@ -34,18 +34,18 @@ from ..agent.models import Endpoint
 from ..agent.runner import TurnEvent
 from ..console import console, errors, run_cli
 from ..errors import SproutError
-from ..method.backend import LocalBackend
+from ..jobs.endpoints import check_name
+from ..jobs.journals import release
+from ..jobs.local import LocalJobs
+from ..jobs.remote import RunStoreJobs, configured_client
 from ..method.budget import equal_budget
-from ..method.executor import AgentConfig, TaskExecutor, release
 from ..method.review import ReviewerConfig
 from ..method.search import MethodConfig, run_method, wave_size
-from ..runstore.endpoints import check_name
-from ..sandbox import Store, trust
+from ..sandbox import Store, backends, trust
 from ..sandbox.slots import SLOTS_ENV, host_slot_count
-from ..sandbox.store import BACKEND_HELP, BACKENDS
 from ..tasks import ensure_image, load_task
 from ..tasks.pull import PULL_HELP, PULL_POLICIES
-from ..worker.remote import RunStoreBackend, configured_client
+from .executor import AgentConfig, TaskExecutor
 from .provenance import check_pinning, check_source
 from .summary import SUMMARY, EvaluationConfig, EvaluationSummary, ImageInfo, read_summary, write_summary
 
@@ -111,7 +111,7 @@ def add_arguments(group, *, single_task: bool = True) -> list[argparse.Action]:
     add("--runtime-bin", type=Path,
         help="run commands through this sprout-runtime (default: $SPROUT_RUNTIME_BIN, else podman exec)")
     add("--store", type=Path, help="btrfs store (default: $SPROUT_STORE or ~/sprout-btrfs)")
-    add("--backend", choices=BACKENDS, default="container", help=BACKEND_HELP)
+    add("--backend", choices=backends.names(), default=backends.DEFAULT, help=backends.help_text())
     add("--pull", choices=PULL_POLICIES, default=None, help=PULL_HELP)
     add("--keep-checkpoints", action="store_true",
         help="keep the attempts' checkpoints after a finished evaluation (to branch from them later)")
@@ -243,18 +243,18 @@ def evaluate(args: argparse.Namespace) -> EvaluationSummary:
         write_summary(args.output, summary)
 
     if client is None:
-        backend = LocalBackend(store, task, image.image)
+        jobs = LocalJobs(store, task, image.image)
         _note_slots(args.parallel or max(args.branches))
     else:
         group_id = f"eval-{pinning.task}-{uuid.uuid4().hex[:8]}"
-        backend = RunStoreBackend(client, task_dir=args.task_dir, group_id=group_id,
+        jobs = RunStoreJobs(client, task_dir=args.task_dir, group_id=group_id,
                                   affinity_timeout_s=args.affinity_timeout, backend=args.backend)
         summary.runstore = client.url
-        console.print(f"  running as Run Store jobs at {client.url} (group {backend.group_id})", markup=False)
+        console.print(f"  running as Run Store jobs at {client.url} (group {jobs.group_id})", markup=False)
     reviewer = ReviewerConfig(model=config.review_model, endpoint=review_endpoint, retries=args.review_retries,
                               seed=args.seed) if review_endpoint else None
     executor = TaskExecutor(
-        store=store, backend=backend, task=task, image=image, reviewer=reviewer, out=args.output,
+        store=store, jobs=jobs, task=task, image=image, reviewer=reviewer, out=args.output,
         agent=AgentConfig(model=args.model, endpoint=endpoint, model_class=args.model_class, wall_time_s=wall_time,
                           command_timeout_s=args.command_timeout),
         recorded_attempts=previous.attempts if previous else (), recorded_reviews=previous.reviews if previous else (),

@@ -24,15 +24,14 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ..console import console, run_cli
-from ..sandbox import SproutError, Store
+from ..jobs.payloads import GatePayload
+from ..jobs.remote import configured_client, run_job
+from ..sandbox import SproutError, Store, backends
 from ..sandbox.slots import HostSlots
-from ..sandbox.store import BACKEND_HELP, BACKENDS
 from ..tasks import load_tasks, task_name
 from ..tasks.dataset import TaskIds, TaskIdsFile, describe, load_task_ids
 from ..tasks.gate import Attempt, TaskGate, gate_task
 from ..tasks.pull import PULL_HELP, PULL_POLICIES, PullPolicy, pull_policy
-from ..worker.jobs import GatePayload
-from ..worker.remote import configured_client, run_job
 
 
 class GateSummary(BaseModel):
@@ -177,7 +176,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--runtime-bin", type=Path, default=None,
                    help="run commands through this sprout-runtime (default: $SPROUT_RUNTIME_BIN, else podman exec)")
     p.add_argument("--store", type=Path, default=None, help="btrfs store (default: $SPROUT_STORE or ~/sprout-btrfs)")
-    p.add_argument("--backend", choices=BACKENDS, default="container", help=BACKEND_HELP)
+    p.add_argument("--backend", choices=backends.names(), default=backends.DEFAULT, help=backends.help_text())
     return p
 
 

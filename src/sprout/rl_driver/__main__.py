@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..console import console, errors, run_parser
 from ..errors import SproutError
-from ..sandbox.store import BACKEND_HELP, BACKENDS
+from ..sandbox import backends
 from ..tasks.pull import PULL_HELP, PULL_POLICIES
 from .config import DEFAULT_PORT, load_config
 
@@ -86,7 +86,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, help=f"port (default {DEFAULT_PORT})")
     s.add_argument("--tasks-dir", type=Path, help="Harbor task directories; a task_id is a directory name")
     s.add_argument("--runtime-bin", type=Path, help="the confined runtime's binary (default $SPROUT_RUNTIME_BIN)")
-    s.add_argument("--backend", choices=BACKENDS, help=BACKEND_HELP)
+    s.add_argument("--backend", choices=backends.names(), help=backends.help_text())
     s.add_argument("--local-slots", type=int, help="samples run at once here, without a Run Store (default 4)")
     s.add_argument("--data-dir", type=Path, help="journals and verifier files (default ~/.local/share/sprout/rl-driver)")
     s.add_argument("--ledger", help="the ledger: a SQLite file or a database URL (default DATA_DIR/driver.sqlite3)")

@@ -21,6 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ..agent import defaults
 from ..errors import SproutError
+from ..sandbox import backends
+from ..sandbox.backends import BackendName
 from ..tasks.pull import PullPolicy
 from ..tasks.swe_rebench import SweRebenchRef
 
@@ -97,7 +99,7 @@ class DriverConfig(_Config):
     runstore_token_env: str = "SPROUT_RUNSTORE_TOKEN"
     poll_interval_s: float = Field(1.0, gt=0)  # the longest wait for a Run Store job's events (a stop acts then)
     runtime_bin: Path | None = None  # the confined runtime's binary (default $SPROUT_RUNTIME_BIN)
-    backend: Literal["container", "microvm"] = "container"  # of the samples' sandboxes
+    backend: BackendName = backends.DEFAULT  # of the samples' sandboxes
     pull: PullPolicy | None = None
     command_timeout_s: int = Field(defaults.COMMAND_TIMEOUT_S, ge=1)
     token_limit: int = Field(defaults.TOKEN_LIMIT, ge=1)  # tokens per sample, all calls together

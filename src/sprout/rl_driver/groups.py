@@ -264,7 +264,7 @@ class Driver:
         """Releases a deleted group's checkpoints (unless keep_checkpoints), as an evaluation does when
         it finishes, then its ledger rows; its journals stay."""
         if not self.config.keep_checkpoints:
-            from ..method.executor import release
+            from ..jobs.journals import release
 
             release(self.store, sorted(self.group_dir(group).glob("slot-*/journal.jsonl")))
         self.ledger.delete(group.id)

@@ -47,7 +47,7 @@ def task_terms(task: ServedTask) -> list[str] | None:
     """The served task's hidden terms; None when they cannot be known (nothing to check against)."""
     if task.swe is not None:
         from ..tasks.swe_rebench.grade import diff_paths
-        from ..worker.swe import instance_of
+        from ..tasks.swe_rebench.rollout import instance_of
 
         instance = instance_of(task.swe)
         return hidden_terms(sorted(diff_paths(instance.test_patch)), list(instance.FAIL_TO_PASS))

@@ -6,13 +6,12 @@ The policy is called at the request's `model_endpoint` with the request's sampli
 URL without a path (an SGLang or vLLM router, `http://host:30000`) gets `/v1` appended, where those
 servers serve Chat Completions; a URL with a path is used as it is. The key sent with each call is the
 value of the driver's configured variable (`miles.api_key_env`), never one a request names; over a
-Run Store, workers call a URL a job names with no key at all (sprout.runstore.endpoints).
+Run Store, workers call a URL a job names with no key at all (sprout.jobs.endpoints).
 """
 
 import hashlib
 import math
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -26,14 +25,16 @@ from harbor.models.trial.paths import EnvironmentPaths
 from ..agent.journal import Journal, read_journal
 from ..agent.models import Endpoint, SamplingParams
 from ..agent.runner import InsertedTurn, RolloutCancelled, RolloutSpec
-from ..method.backend import LocalBackend, RolloutDone, RolloutRequest
+from ..jobs.journals import discard
+from ..jobs.local import RolloutDone, RolloutRequest, rollout_here
+from ..jobs.payloads import RolloutResult, rollout_payload
+from ..jobs.remote import submit_job, wait_job
 from ..sandbox import Store
 from ..sandbox.errors import CheckpointNotFound, SproutError
 from ..sandbox.rootfs import O_PATH, open_in_root
 from ..sandbox.slots import HostSlots, SlotWaitStopped
 from ..tasks import GradeResult, load_task
 from ..tasks.swe_rebench import SweRebenchRef
-from ..worker.swe import run_swe_rollout
 from .export import TOOLS_BY_MODEL_CLASS, ExportError, export_messages, journal_messages, restored_messages
 from .protocol import RolloutGroupRequest, SampleSlot
 
@@ -126,23 +127,16 @@ class LocalSamples:
         self.slots = HostSlots(store.root)
 
     def run(self, plan: SamplePlan, stop: threading.Event, on_job: Callable[[int], None]) -> RolloutDone:
-        from ..method.executor import discard
-
         if plan.journal.exists():  # a sample the previous driver process did not finish: start it again
             discard(self.store, plan.journal)
         try:
             with self.slots.hold(stop):
-                if plan.swe is not None:
-                    request = plan.rollout_request()
-                    result, grade = run_swe_rollout(self.store, request.spec, plan.swe, grade_wall_s=plan.grade_wall_s,
-                                                    label=request.attempt, stop=stop)
-                    done = RolloutDone(result.outcome, socket.gethostname(), grade)
-                else:
-                    backend = LocalBackend(self.store, load_task(plan.task_dir), hold_slots=False)
-                    done = backend.rollout(plan.rollout_request(), None, stop)
+                task = load_task(plan.task_dir) if plan.swe is None and plan.task_dir is not None else None
+                done = rollout_here(self.store, plan.rollout_request(), task=task, swe=plan.swe,
+                                    grade_wall_s=plan.grade_wall_s, stop=stop)
         except SlotWaitStopped:
             raise RolloutCancelled("stopped while waiting for a free slot on this host") from None
-        self.store.adopt([t.checkpoint for t in read_journal(plan.journal).turns if t.checkpoint])
+        self.store.adopt(done.checkpoints)
         return done
 
     def close(self) -> None:
@@ -161,8 +155,6 @@ class RunStoreSamples:
         self.detach = threading.Event()
 
     def run(self, plan: SamplePlan, stop: threading.Event, on_job: Callable[[int], None]) -> RolloutDone:
-        from ..worker.remote import rollout_done, rollout_payload, submit_job, wait_job
-
         if plan.job_id is not None:
             job = self.client.get(plan.job_id)
         else:
@@ -173,7 +165,8 @@ class RunStoreSamples:
             job = submit_job(self.client, payload, group_id=plan.group_id[:200], idempotency_key=plan.attempt,
                              **affinity)
             on_job(job.id)
-        return rollout_done(wait_job(self.client, job, wait_s=self.wait_s, stop=stop, detach=self.detach))
+        result = wait_job(self.client, job, wait_s=self.wait_s, stop=stop, detach=self.detach)
+        return RolloutResult.model_validate(result).done()
 
     def close(self) -> None:
         self.detach.set()
@@ -270,7 +263,7 @@ def touched_test_paths(store: Store, task_dir: Path | None, checkpoint_id: str |
         checkpoint = store.checkpoint(checkpoint_id)
     except CheckpointNotFound:
         return None
-    if checkpoint.limits.get("backend") == "microvm":
+    if not checkpoint.has_host_files:
         return None
     root = checkpoint.rootfs
     tests = load_task(task_dir).paths.tests_dir

@@ -3,10 +3,10 @@
 * ``store.RunStore``: the store itself, over SQLite or PostgreSQL (needs the ``runstore`` extra).
 * ``api.create_app``: its HTTP API; ``python -m sprout.runstore.api`` serves it.
 * ``client.RunStoreClient``: the HTTP client, with the store's methods and models.
-* ``kinds``: the registry of job kinds and their payload models.
+* ``kinds``: the job kinds a store accepts (it is told them when opened) and their payload models.
 
-The queue knows nothing of agents or tasks: the jobs themselves (rollout, grade, review, gate), their
-handlers, the worker loop and checkpoint shipping are the job side, in ``sprout.worker``.
+The queue knows nothing of agents or tasks: the jobs themselves (rollout, grade, review, gate) are
+``sprout.jobs``; the worker loop, its handlers and checkpoint shipping are ``sprout.worker``.
 Importing the package loads only the models, the errors and the kinds registry (nothing else of
 Sprout); the store, API and client are imported from their modules.
 """
@@ -26,7 +26,7 @@ from .errors import (
     Unauthorized,
     UnknownKind,
 )
-from .kinds import register_kind, registered_kinds
+from .kinds import JobKinds, Payload
 from .models import Claim, Event, EventType, Host, Job, JobPage, JobSpec, JobState
 
 __all__ = [
@@ -51,6 +51,6 @@ __all__ = [
     "StoreOpenError",
     "Unauthorized",
     "UnknownKind",
-    "register_kind",
-    "registered_kinds",
+    "JobKinds",
+    "Payload",
 ]

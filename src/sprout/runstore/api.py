@@ -11,7 +11,6 @@ into the classes of ``sprout.runstore.errors``.
 
 import argparse
 import asyncio
-import importlib
 import logging
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -269,6 +268,8 @@ def positive_int(text: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
+    from ..jobs.payloads import job_kinds
+
     parser = argparse.ArgumentParser(
         prog="python -m sprout.runstore.api", description="Serve the Sprout Run Store API."
     )
@@ -285,11 +286,6 @@ def main(argv: list[str] | None = None) -> int:
         help="model endpoint names the workers have configured (services.json); jobs may name only these",
     )
     parser.add_argument(
-        "--kinds", default="sprout.worker.jobs", metavar="MODULE,...",
-        help="modules that register the job kinds the API accepts (default sprout.worker.jobs: rollout, "
-        "grade, review, gate)",
-    )
-    parser.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
     parser.add_argument(
@@ -300,14 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        for module in filter(None, args.kinds.split(",")):
-            importlib.import_module(module)
-    except ImportError as exc:
-        print(f"error: --kinds: cannot import {exc.name}", file=sys.stderr)
-        return 2
-    try:
         tokens = load_tokens(args.tokens)
-        store = RunStore(args.db, endpoints=[n for n in args.endpoints.split(",") if n])
+        store = RunStore(args.db, job_kinds([n for n in args.endpoints.split(",") if n]))
     except (TokensFileError, StoreOpenError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,13 +1,12 @@
-"""Job kinds: the registry of payload models that validate each kind's payload on submit.
+"""Job kinds: which kinds a Run Store accepts, and the payload model that validates each kind's payloads.
 
-The queue knows no kinds of its own: the job side registers them (``sprout.worker.jobs`` registers
-rollout, grade, review and gate when imported; the API's ``--kinds`` imports it), so the queue knows
-nothing of agents or tasks.
+The queue knows no kinds of its own: whoever opens a RunStore tells it its kinds (Sprout's are
+``sprout.jobs.payloads.job_kinds()``), so the queue knows nothing of agents or tasks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -21,31 +20,32 @@ class Payload(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-_KINDS: dict[str, type[BaseModel]] = {}
+class JobKinds:
+    """The kinds a Run Store accepts: a payload model per kind name; `context` is given to every validation
+    (a model's validators may read it, e.g. the names a payload may refer to)."""
 
+    def __init__(self, models: Mapping[str, type[BaseModel]], context: Mapping[str, Any] | None = None) -> None:
+        for name in models:
+            if not name or not name.replace("_", "").replace("-", "").isalnum():
+                raise ValueError(f"invalid job kind name {name!r}: use letters, digits, '-' and '_'")
+        self.models, self.context = dict(models), dict(context or {})
 
-def register_kind(name: str, payload_model: type[BaseModel]) -> None:
-    """Make ``name`` a valid job kind whose payloads ``payload_model`` validates."""
-    if not name or not name.replace("_", "").replace("-", "").isalnum():
-        raise ValueError(f"invalid job kind name {name!r}: use letters, digits, '-' and '_'")
-    _KINDS[name] = payload_model
+    def names(self) -> list[str]:
+        return sorted(self.models)
 
+    def check_known(self, kinds: list[str]) -> None:
+        """Raises UnknownKind for a kind this store does not accept."""
+        if unknown := sorted(set(kinds) - set(self.models)):
+            raise UnknownKind(f"unknown job kind {', '.join(map(repr, unknown))}; registered kinds: "
+                              f"{', '.join(self.names())}")
 
-def registered_kinds() -> list[str]:
-    return sorted(_KINDS)
-
-
-def validate_payload(kind: str, payload: dict[str, Any], *, endpoints: Collection[str] | None = None) -> dict[str, Any]:
-    """Return ``payload`` validated and normalised (JSON-ready) for ``kind``; with ``endpoints``, an
-    endpoint a job names must be one of those names."""
-    model = _KINDS.get(kind)
-    if model is None:
-        raise UnknownKind(f"unknown job kind {kind!r}; registered kinds: {', '.join(registered_kinds())}")
-    context = None if endpoints is None else {"endpoints": frozenset(endpoints)}
-    try:
-        return model.model_validate(payload, context=context).model_dump(mode="json")
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'payload'}: {err['msg']}" for err in exc.errors()
-        )
-        raise InvalidPayload(f"invalid payload for kind {kind!r}: {problems}") from None
+    def validate(self, kind: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """``payload`` validated and normalised (JSON-ready) for ``kind``."""
+        self.check_known([kind])
+        try:
+            return self.models[kind].model_validate(payload, context=self.context).model_dump(mode="json")
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'payload'}: {err['msg']}" for err in exc.errors()
+            )
+            raise InvalidPayload(f"invalid payload for kind {kind!r}: {problems}") from None

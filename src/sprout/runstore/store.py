@@ -22,19 +22,19 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Self, TypeVar
 
 import pydantic_core
+from pydantic import BaseModel
 from sqlalchemy import Connection, Row, insert, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from . import queries as q
 from .db import Database
-from .endpoints import known_names
-from .errors import InvalidPayload, InvalidTransition, JobNotFound, LeaseLost, UnknownKind
-from .kinds import registered_kinds, validate_payload
+from .errors import InvalidPayload, InvalidTransition, JobNotFound, LeaseLost
+from .kinds import JobKinds
 from .migrations import current_version, migrate
 from .models import Claim, Event, EventType, Host, Job, JobPage, JobSpec, JobState
 from .schema import hosts, jobs
@@ -116,21 +116,21 @@ class RunStore:
     """Jobs in SQLite (a file path or ``sqlite:///PATH``) or PostgreSQL
     (``postgresql+psycopg://...``); the schema is created or migrated on open.
 
-    Thread-safe: share one instance between the threads of a process. ``endpoints``: the names of the
-    model endpoints configured on the workers; a job naming any other endpoint is refused at submit.
+    Thread-safe: share one instance between the threads of a process. ``kinds``: the job kinds it
+    accepts, each with the model its payloads must validate against (a kind name maps to its model).
     """
 
     def __init__(
         self,
         url: str,
+        kinds: JobKinds | Mapping[str, type[BaseModel]],
         *,
         clock: Callable[[], float] = time.time,
         retry_base_s: float = 1.0,
         retry_max_s: float = 300.0,
         pool_size: int = 10,
-        endpoints: Iterable[str] = (),
     ) -> None:
-        self.endpoints = known_names(endpoints)  # model endpoint names jobs may use (workers' config)
+        self.kinds = kinds if isinstance(kinds, JobKinds) else JobKinds(kinds)
         self._db = Database.open(url, pool_size=pool_size)
         self._clock = clock
         self._retry_base_s = retry_base_s
@@ -172,7 +172,7 @@ class RunStore:
     def submit_many(self, specs: Iterable[JobSpec | dict[str, Any]]) -> list[Job]:
         """Queue jobs in one transaction; returns them in the order given."""
         specs = [s if isinstance(s, JobSpec) else JobSpec.model_validate(s) for s in specs]
-        payloads = [validate_payload(s.kind, s.payload, endpoints=self.endpoints) for s in specs]
+        payloads = [self.kinds.validate(s.kind, s.payload) for s in specs]
         keys = sorted({s.idempotency_key for s in specs if s.idempotency_key is not None})
         parents = sorted({s.parent_id for s in specs if s.parent_id is not None})
 
@@ -342,10 +342,8 @@ class RunStore:
             raise ValueError(f"limit must be between 1 and {MAX_PAGE}, not {limit}")
         if lease_s <= 0:
             raise ValueError(f"lease_s must be positive, not {lease_s}")
-        if kinds is not None and (unknown := sorted(set(kinds) - set(registered_kinds()))):
-            raise UnknownKind(
-                f"unknown job kind {', '.join(map(repr, unknown))}; registered kinds: {', '.join(registered_kinds())}"
-            )
+        if kinds is not None:
+            self.kinds.check_known(list(kinds))
 
         def op(conn: Connection, collect: bool) -> list[Claim]:
             now = self._clock()

@@ -9,11 +9,13 @@ from .errors import (
     SandboxStateError,
     SproutError,
     StoreError,
+    TransferError,
 )
 from .execution import ExecResult
+from .files import SandboxFiles
 from .store import Checkpoint, Image, Sandbox, Store
 from .trust import HostTrust, HostTrustError, host_trust
 
 __all__ = ["Store", "Image", "Sandbox", "Checkpoint", "ExecResult", "SproutError", "StoreError",
            "ImageNotFound", "SandboxNotFound", "CheckpointNotFound", "SandboxStateError", "InUseError",
-           "CommandError", "HostTrust", "HostTrustError", "host_trust"]
+           "CommandError", "TransferError", "SandboxFiles", "HostTrust", "HostTrustError", "host_trust"]

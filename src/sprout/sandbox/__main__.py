@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.table import Table
 
 from ..console import console, human_bytes, run_parser
-from . import images
+from . import backends, images
 from .errors import SproutError
 from .store import Store
 
@@ -171,9 +171,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--no-host-trust", action="store_true",
                    help="neither the host's CA bundle nor its proxy variables (default: $SPROUT_HOST_TRUST)")
     s.add_argument("--label")
-    s.add_argument("--backend", choices=["container", "microvm"], default="container",
-                   help="container (podman) or microvm (a QEMU VM of the image: its own kernel, and "
-                        "checkpoints that can save its memory)")
+    s.add_argument("--backend", choices=backends.names(), default=backends.DEFAULT, help=backends.help_text())
     s.set_defaults(func=cmd_create)
 
     s = sub.add_parser("exec", help="run a command in a sandbox; exit status is the command's")

@@ -29,3 +29,8 @@ class InUseError(SproutError):
 
 class CommandError(SproutError):
     """An external tool (podman, btrfs, mmdebstrap) failed."""
+
+
+class TransferError(SproutError):
+    """A file could not be copied into or out of a sandbox (it refused: a link where a file goes, a path
+    that is not on its disk, a special or oversized file)."""

@@ -1,5 +1,5 @@
-"""The sandbox store: images, sandboxes and checkpoints as btrfs subvolumes, run with stock podman
-(the container backend) or as QEMU microVMs (the microvm backend: sprout/sandbox/microvm/backend.py).
+"""The sandbox store: images, sandboxes and checkpoints as btrfs subvolumes, each sandbox run by its
+backend (sprout.sandbox.backends: a podman container, or a QEMU microVM).
 
 Layout of a store (a btrfs filesystem, by default ~/sprout-btrfs, a loop file when the host has none):
     images/<key>        read-only subvolume: an image's unpacked rootfs
@@ -13,18 +13,17 @@ Layout of a store (a btrfs filesystem, by default ~/sprout-btrfs, a loop file wh
 
 import fcntl
 import json
-import marshal
 import os
 import secrets
 import socket
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from . import btrfs, confinement, execution, podman, rootfs, runtime, shell, trust, users
+from . import backends, btrfs, confinement, podman, rootfs, shell, trust
 from .errors import (
     CheckpointNotFound,
     CommandError,
@@ -35,10 +34,8 @@ from .errors import (
     StoreError,
 )
 from .execution import DEFAULT_MAX_OUTPUT, ExecResult
+from .files import SandboxFiles
 from .metadata import Metadata
-from .microvm import backend as microvm
-from .microvm.files import GuestFiles
-from .microvm.vm import MicroVM
 from .podman import ImageConfig
 
 CONTAINER_PREFIX = "sprout-"
@@ -46,9 +43,6 @@ LABEL = "sprout.sandbox"
 STORE_LABEL = "sprout.store"  # several stores may share one podman
 DEFAULT_LIMITS = {"memory": "4g", "pids": 4096, "cpus": None, "network": True}
 DEFAULT_SHELL = ("bash", "-c")
-BACKENDS = ("container", "microvm")
-BACKEND_HELP = ("the sandboxes: podman containers (default), or QEMU microVMs (each with its own kernel); "
-                "a branch keeps its checkpoint's")
 
 
 def default_root() -> Path:
@@ -99,6 +93,11 @@ class Checkpoint:
         return _rootfs_of(self.path, self.limits, f"checkpoint {self.id}")
 
     @property
+    def has_host_files(self) -> bool:
+        """Whether its files are a host directory (`rootfs`); a microVM's are inside its disk."""
+        return backends.of_limits(self.limits).host_files
+
+    @property
     def exists(self) -> bool:
         return btrfs.is_subvolume(self.path)
 
@@ -141,25 +140,16 @@ class Sandbox:
 
     @property
     def backend(self) -> str:
-        return self.limits.get("backend", "container")
+        """The name of the backend that runs it (sprout.sandbox.backends)."""
+        return self._backend.name
 
-    def _vm(self) -> MicroVM | None:
-        return MicroVM.attach(self.profile_path.parent) if self.backend == "microvm" else None
-
-    def _profile(self) -> dict | None:
-        if self.backend == "microvm":
-            return None
-        try:
-            profile = marshal.loads(self.profile_path.read_bytes())
-            if confinement.proc_starttime(profile["init_pid"]) == profile["init_starttime"]:
-                return profile
-        except (OSError, ValueError, EOFError, KeyError):
-            pass
-        return None
+    @property
+    def _backend(self) -> backends.SandboxBackend:
+        return backends.of_limits(self.limits)
 
     @property
     def running(self) -> bool:
-        return (self._vm() if self.backend == "microvm" else self._profile()) is not None
+        return self._backend.running(self)
 
     @property
     def state(self) -> str:
@@ -168,11 +158,7 @@ class Sandbox:
     @property
     def network_enabled(self) -> bool:
         """Whether the sandbox has a network interface besides loopback now (False while it is stopped)."""
-        if self.backend == "microvm":  # QEMU runs in its holder's network namespace
-            vm = self._vm()
-            return vm is not None and bool(self.limits.get("network")) and podman.connected(vm.pid)
-        profile = self._profile()
-        return profile is not None and podman.connected(profile["init_pid"])
+        return self._backend.network_enabled(self)
 
     def set_network(self, enabled: bool) -> None:
         """Connects the running sandbox to podman's network, or disconnects it (only loopback is left;
@@ -185,15 +171,7 @@ class Sandbox:
                                     "it cannot be connected")
         if not self.running:
             raise SandboxStateError(f"sandbox {self.id} is not running, so its network cannot be switched")
-        if self.backend == "microvm":
-            if self.limits.get("network") and (vm := self._vm()) is not None:
-                microvm.set_network(vm, self.container, enabled)
-        elif self.network_enabled != enabled:
-            try:
-                podman.set_network(self.container, enabled)
-            except CommandError:
-                if self.network_enabled != enabled:  # unless another caller switched it meanwhile
-                    raise
+        self._backend.set_network(self, enabled)
         if self.limits.get("network_connected", True) != enabled:
             self.limits["network_connected"] = enabled
             self.store.meta.execute("UPDATE sandboxes SET limits = ? WHERE id = ?", json.dumps(self.limits), self.id)
@@ -202,71 +180,28 @@ class Sandbox:
              timeout: float | None = None, user: str | int | None = None,
              max_output: int = DEFAULT_MAX_OUTPUT, cancel: threading.Event | None = None) -> ExecResult:
         """Runs a command (a string goes to `bash -c`) in a fresh process inside the sandbox, as the
-        image's user unless `user` (a name or uid, optionally `:group`) says otherwise. In a microVM,
-        setting `cancel` kills what it started, as its timeout would (a container's processes are
-        killed from the host instead: kill_processes_since)."""
-        profile, vm = self._profile(), self._vm()
-        if profile is None and vm is None:
-            raise SandboxStateError(f"sandbox {self.id} is not running (start it: "
-                                    f"python -m sprout.sandbox start {self.id})")
+        image's user unless `user` (a name or uid, optionally `:group`) says otherwise. Setting `cancel`
+        kills every process the command started, as its timeout would."""
         argv = [*DEFAULT_SHELL, command] if isinstance(command, str) else list(command)
-        config = self.image.config
-        cwd = cwd or config.workdir or "/"
-        env = dict(env or {})
-        if vm is not None:
-            return vm.exec(argv, cwd=cwd, env=config.env | self.limits.get("env", {}) | env,
-                           user=str(user if user is not None else config.user or "0"), timeout=timeout,
-                           max_output=max_output, cancel=cancel)
-        if self.store.runtime_bin is not None:
-            identity = users.resolve(self.path, user) if user is not None else None
-            return execution.run_via_runtime(self.store.runtime_bin, self.profile_path, argv, cwd, env,
-                                             timeout, max_output, identity)
-        return execution.run_via_podman(self.container, profile, argv, cwd,
-                                        str(user) if user is not None else config.user, env, timeout, max_output)
+        return self._backend.exec(self, argv, cwd=cwd or self.image.config.workdir or "/", env=dict(env or {}),
+                                  user=user, timeout=timeout, max_output=max_output, cancel=cancel)
 
-    @contextmanager
-    def guest_files(self) -> Iterator[GuestFiles]:
-        """A running microVM's files, through its agent, for one transfer (a container's are at rootfs)."""
-        if self.backend != "microvm":
-            raise SandboxStateError(f"sandbox {self.id} is a container: its files are at its rootfs")
-        vm = self._vm()
-        if vm is None:
+    def files(self) -> AbstractContextManager[SandboxFiles]:
+        """The running sandbox's files, for one transfer (sprout.sandbox.files): copy in and out as
+        `docker cp` does, every path resolved inside the sandbox."""
+        if not self.running:
             raise SandboxStateError(f"sandbox {self.id} is not running, so its files cannot be reached")
-        with vm.files() as files:
-            yield files
-
-    def processes(self) -> set[tuple[int, int]]:
-        """(pid, start time) of the processes running in the sandbox now."""
-        self._refuse_for_vm("listing its processes from the host")
-        profile = self._profile()
-        return runtime.processes(profile["cgroup_procs"]) if profile else set()
-
-    def kill_processes_since(self, before: set[tuple[int, int]]) -> int:
-        """SIGKILLs every process the sandbox started since `before` was taken (see processes())."""
-        self._refuse_for_vm("killing its processes from the host")
-        profile = self._profile()
-        return runtime.kill_new_processes(profile, before) if profile else 0
-
-    def _refuse_for_vm(self, what: str) -> None:
-        if self.backend == "microvm":
-            raise SandboxStateError(f"sandbox {self.id} is a microVM: {what} is not supported (a command's "
-                                    "timeout kills what it started inside the VM)")
+        return self._backend.files(self)
 
     def checkpoint(self, label: str | None = None, *, memory: bool = False) -> Checkpoint:
         """A point-in-time, read-only snapshot of the sandbox's filesystem: its processes are frozen
         (cgroup freezer; a microVM's filesystem is frozen by its kernel) while the filesystem is
         flushed and snapshotted, so no write lands half-way. `memory` (microVMs only) saves the VM's
         memory too: its branches resume the processes it was running."""
-        if memory and self.backend != "microvm":
-            raise SandboxStateError(f"sandbox {self.id} is a container: only microVMs save their memory")
         checkpoint_id = _new_id("ck")
         with self.store.building():
             started = time.perf_counter()
-            dest = self.store.root / "checkpoints" / checkpoint_id
-            if self.backend == "microvm":
-                microvm.snapshot(self._vm(), self.path, dest, memory=memory)
-            else:
-                self._snapshot_frozen(dest)
+            self._backend.snapshot(self, self.store.root / "checkpoints" / checkpoint_id, memory=memory)
             duration_ms = (time.perf_counter() - started) * 1000
             parent = self.last_checkpoint or self.base_checkpoint
             created = time.time()
@@ -276,33 +211,17 @@ class Sandbox:
         return Checkpoint(self.store, checkpoint_id, self.id, self.image_key, parent, label, created,
                           duration_ms, dict(self.limits))
 
-    def _snapshot_frozen(self, dest: Path) -> None:
-        profile = self._profile()  # None: stopped, nothing runs that could write
-        with runtime.frozen(profile) if profile else nullcontext(True) as ok:
-            if not ok:
-                raise SandboxStateError(f"cannot checkpoint {self.id}: its processes did not freeze in time")
-            btrfs.flush(self.path)
-            btrfs.snapshot(self.path, dest, readonly=True)
-
     def start(self) -> None:
-        """(Re)starts the sandbox's container on its subvolume, e.g. after a host restart."""
-        if self.running:
-            return
-        if self.backend == "microvm":  # its disk boots; the memory of a resumed branch is gone
-            self.store._start_vm(self)
-            return
-        podman.remove_container(self.container)  # podman's record may be stale after a reboot
-        self.store._start_container(self)
+        """(Re)starts the sandbox on its subvolume, e.g. after a host restart (a microVM boots its disk:
+        the memory of a resumed branch is gone)."""
+        if not self.running:
+            self._backend.start(self.store, self, restart=True)
 
     def stop(self) -> None:
-        if self.backend == "microvm":
-            microvm.stop(self._vm(), self.container if self.limits.get("network") else None)
-            return
-        podman.remove_container(self.container)
-        self.profile_path.unlink(missing_ok=True)
+        self._backend.stop(self)
 
     def destroy(self) -> None:
-        """Stops the container and deletes the sandbox's subvolume; leaves nothing mounted or running."""
+        """Stops the sandbox and deletes its subvolume; leaves nothing mounted or running."""
         self.store.remove_sandbox(self.id, force=True)
 
 
@@ -311,10 +230,11 @@ class Store:
     and their checkpoints carry it, with this process, until `adopt` takes the checkpoints over; when the
     process is gone, gc (and a worker's start) reaps what it left. Without an owner, nothing is reaped."""
 
+    container_prefix = CONTAINER_PREFIX  # of the podman containers that run (or hold) its sandboxes
+
     def __init__(self, root: Path | None = None, runtime_bin: Path | None = None, owner: dict | None = None,
                  backend: str = "container"):
-        if backend not in BACKENDS:
-            raise StoreError(f"unknown backend {backend!r}: use {' or '.join(BACKENDS)}")
+        backends.get(backend)  # an unknown name fails here, clearly
         self.backend = backend  # of the sandboxes made from images; a branch keeps its checkpoint's
         self.root = Path(root or default_root()).expanduser().absolute()
         self.runtime_bin = runtime_bin if runtime_bin is not None else default_runtime_bin()
@@ -413,7 +333,8 @@ class Store:
         if row["n"]:
             raise InUseError(f"image {image.key} is used by {row['n']} sandbox(es)/checkpoint(s)")
         btrfs.delete(image.path)
-        microvm.remove_image_disk(self.root, image.key)
+        for backend in backends.backends().values():
+            backend.forget_image(self, image.key)
         self.meta.execute("DELETE FROM images WHERE key = ?", image.key)
 
     def images(self) -> list[Image]:
@@ -439,32 +360,28 @@ class Store:
         if isinstance(image, str):
             image = self.resolve_image(image)
         inherited = from_checkpoint.limits if from_checkpoint else DEFAULT_LIMITS
-        kind = _backend_of(from_checkpoint, backend or self.backend)
+        backend = backends.of_limits(inherited) if from_checkpoint else backends.get(backend or self.backend)
         asked = {"memory": memory, "pids": pids, "cpus": cpus, "network": network, "host_trust": host_trust,
                  "env": env or None}
         limits = inherited | {k: v for k, v in asked.items() if v is not None}
         limits.setdefault("host_trust", trust.enabled_by_config())
         if network is not None:  # asked for explicitly: not as the checkpoint's sandbox was last switched
             limits.pop("network_connected", None)
-        if kind == "microvm":  # no network unless asked for (or its checkpoint's sandbox had it)
-            limits |= {"backend": "microvm", "network": bool(network if network is not None else
-                                                             from_checkpoint and inherited.get("network"))}
-            if from_checkpoint and microvm.has_memory(from_checkpoint.path):
-                microvm.check_resumable(from_checkpoint.limits, limits)
+        limits = backend.limits(limits, network=network, checkpoint=from_checkpoint)
         sandbox_id = _new_id("sb")
         source = from_checkpoint.path if from_checkpoint else image.path
         if not btrfs.is_subvolume(source):
             what = f"checkpoint {from_checkpoint.id}" if from_checkpoint else f"image {image.key}"
             raise StoreError(f"the subvolume of {what} is missing from the store at {source}")
         sandbox = Sandbox(self, sandbox_id, image.key, from_checkpoint.id if from_checkpoint else None, None,
-                          CONTAINER_PREFIX + sandbox_id, limits, label, time.time())
+                          self.container_prefix + sandbox_id, limits, label, time.time())
         with self.building():
-            if kind == "microvm" and from_checkpoint is None:
-                microvm.create_subvolume(self.root, image.key, image.path, sandbox.path)
+            if from_checkpoint is None:
+                backend.make_subvolume(self, image, sandbox.path)
             else:
                 btrfs.snapshot(source, sandbox.path, readonly=False)
             try:
-                self._start_vm(sandbox) if kind == "microvm" else self._start_container(sandbox)
+                backend.start(self, sandbox)
             except BaseException:
                 sandbox.stop()
                 btrfs.delete(sandbox.path)
@@ -474,28 +391,13 @@ class Store:
                                   self.owner)
         return sandbox
 
-    def _start_container(self, sandbox: Sandbox) -> None:
-        _check_startable(sandbox.path)
-        config = self.image(sandbox.image_key).config
-        host = trust.host_trust(sandbox.limits.get("host_trust"))
-        spec = podman.ContainerSpec(
-            name=sandbox.container, rootfs=str(sandbox.path),
-            env=trust.container_env(host) | config.env | sandbox.limits.get("env", {}),
-            workdir=config.workdir, user=config.user, memory=sandbox.limits.get("memory"),
-            pids=sandbox.limits.get("pids"), cpus=sandbox.limits.get("cpus"),
-            network=sandbox.limits.get("network", True), mounts=trust.container_mounts(host),
-            labels={LABEL: sandbox.id, STORE_LABEL: str(self.root)})
-        container_id = podman.run_container(spec)
-        if spec.network and sandbox.limits.get("network_connected") is False:  # as it was switched last
-            podman.set_network(sandbox.container, False)
-        sandbox.profile_path.parent.mkdir(parents=True, exist_ok=True)
-        lock = sandbox.profile_path.parent / "freeze.lock"  # serializes freezes (runtime.frozen)
-        confinement.write(confinement.capture(container_id) | {"freeze_lock": str(lock)}, sandbox.profile_path)
+    def labels(self, sandbox_id: str) -> dict[str, str]:
+        """The podman labels of what runs a sandbox of this store (several stores may share one podman)."""
+        return {LABEL: sandbox_id, STORE_LABEL: str(self.root)}
 
-    def _start_vm(self, sandbox: Sandbox) -> None:
-        microvm.start(self.root, sandbox.path, sandbox.profile_path.parent, sandbox.limits, sandbox.id,
-                      holder=sandbox.container, labels={LABEL: sandbox.id, STORE_LABEL: str(self.root)},
-                      trust=trust.host_trust(sandbox.limits.get("host_trust")))
+    def label_filter(self) -> str:
+        """The podman label filter that finds what runs this store's sandboxes."""
+        return f"{STORE_LABEL}={self.root}"
 
     def sandbox(self, sandbox_id: str) -> Sandbox:
         row = self.meta.one("SELECT * FROM sandboxes WHERE id = ?", sandbox_id)
@@ -596,11 +498,8 @@ class Store:
             "checkpoints": {row["id"] for row in self.meta.all("SELECT id FROM checkpoints")},
             "images": {row["key"] for row in self.meta.all("SELECT key FROM images")},
         }
-        for run_dir in sorted((self.root / "state" / "sandboxes").iterdir()):
-            if run_dir.name not in known["sandboxes"] and (vm := MicroVM.attach(run_dir)) is not None:
-                removed.append(f"orphan microVM of {run_dir.name}")
-                if not dry_run:
-                    vm.kill()
+        for backend in backends.backends().values():
+            removed += backend.reap(self, known["sandboxes"], dry_run)
         for kind, ids in known.items():
             singular = kind.removesuffix("es") if kind == "sandboxes" else kind[:-1]
             for path in sorted((self.root / kind).iterdir()):
@@ -613,11 +512,6 @@ class Store:
                     removed.append(f"{singular} {name} whose subvolume is gone")
                     if not dry_run:
                         self._forget(kind, name)
-        for name in podman.container_names(f"{STORE_LABEL}={self.root}"):
-            if name.removeprefix(CONTAINER_PREFIX) not in known["sandboxes"]:
-                removed.append(f"orphan container {name}")
-                if not dry_run:
-                    podman.remove_container(name)
         return removed
 
     def _forget(self, kind: str, name: str) -> None:
@@ -647,19 +541,10 @@ class Store:
 
 
 def _rootfs_of(path: Path, limits: dict, what: str) -> Path:
-    if limits.get("backend") == "microvm":
+    if not backends.of_limits(limits).host_files:
         raise SandboxStateError(f"{what} is a microVM: its files are inside its disk, and reading or "
                                 "writing them from the host (task files, grading) is not supported yet")
     return path
-
-
-def _backend_of(checkpoint: Checkpoint | None, asked: str) -> str:
-    """The backend of a new sandbox: a branch's is its checkpoint's, whatever the store's default."""
-    if asked not in BACKENDS:
-        raise StoreError(f"unknown backend {asked!r}: use {' or '.join(BACKENDS)}")
-    if checkpoint is None:
-        return asked
-    return checkpoint.limits.get("backend", "container")
 
 
 def _owner_alive(owner: dict) -> bool:
@@ -678,16 +563,6 @@ def _describe_owner(owner: dict) -> str:
 
 def podman_image_ids() -> set[str]:
     return set(podman.podman("images", "-q", "--no-trunc").split())
-
-
-def _check_startable(root: Path) -> None:
-    """runc reads the rootfs's /etc/passwd and /etc/group when a container starts: a FIFO there blocks the
-    start forever and a device is read without end, so such a rootfs is refused with the reason."""
-    for path in ("/etc/passwd", "/etc/group"):
-        try:
-            rootfs.check_regular(root, path)
-        except rootfs.UnsafeFile as e:
-            raise SandboxStateError(f"cannot start a container on {root.name}: {e}") from None
 
 
 def _short_name_match(name: str, names_json: str) -> bool:

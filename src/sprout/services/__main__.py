@@ -37,7 +37,7 @@ from rich.table import Table
 from ..checkout import RUNTIME_LAUNCHER
 from ..console import console, run_parser
 from ..errors import SproutError
-from ..runstore.endpoints import ConfiguredEndpoint, check_name
+from ..jobs.endpoints import ConfiguredEndpoint, check_name
 from . import supervisor
 from .config import (
     DEFAULT_KEY_ENV,

@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..runstore.endpoints import KEY_ENV_PATTERN, ConfiguredEndpoint, check_name
+from ..jobs.endpoints import KEY_ENV_PATTERN, ConfiguredEndpoint, check_name
 
 SECRET_MODE = 0o600
 SCOPES = ("admin", "worker", "submitter")

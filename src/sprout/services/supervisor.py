@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from ..runstore.endpoints import ENDPOINTS_ENV, render_endpoints
+from ..jobs.endpoints import ENDPOINTS_ENV, render_endpoints
 from ..worker.serve import STOP_GRACE_S
 from .config import (
     PROXY_KEY_ENV,

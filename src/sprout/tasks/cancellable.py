@@ -1,9 +1,8 @@
 """Sandbox.exec for asyncio: awaitable, and when the awaiting coroutine is cancelled (Harbor's
 timeouts cancel it) the command's processes inside the sandbox are killed.
 
-The SDK's exec blocks, so it runs in a worker thread. On cancellation every process the sandbox
-started since the command began is SIGKILLed (Sandbox.kill_processes_since; in a microVM its agent
-does it, told through exec's `cancel`), which ends the blocking exec.
+The SDK's exec blocks, so it runs in a worker thread; on cancellation its `cancel` event is set, which
+kills every process the command started (whatever the backend) and so ends the blocking exec.
 """
 
 import asyncio
@@ -18,19 +17,14 @@ async def exec_async(sandbox: Sandbox, command: str | list[str], *, cwd: str | N
                      env: dict[str, str] | None = None, timeout: float | None = None,
                      user: str | int | None = None) -> ExecResult:
     """`sandbox.exec(...)` without blocking the event loop, killed inside the sandbox when cancelled."""
-    vm = sandbox.backend == "microvm"
-    cancel = threading.Event() if vm else None
-    before = None if vm else sandbox.processes()
+    cancel = threading.Event()
     loop = asyncio.get_running_loop()
     future = loop.run_in_executor(None, lambda: sandbox.exec(command, cwd=cwd, env=env, timeout=timeout,
                                                                       user=user, cancel=cancel))
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
-        if cancel is not None:
-            cancel.set()
-        else:
-            await asyncio.to_thread(sandbox.kill_processes_since, before)
+        cancel.set()
         try:
             await asyncio.wait_for(future, DRAIN_TIMEOUT_S)
         except Exception:  # noqa: BLE001 - the command is being abandoned; its result does not matter

@@ -34,7 +34,6 @@ from harbor.models.trial.config import ResourceMode
 from harbor.models.trial.paths import EnvironmentPaths, TrialPaths
 
 from ..sandbox import Checkpoint, Image, Sandbox, SandboxStateError, SproutError, Store
-from . import files
 from .cancellable import exec_async
 from .errors import UnsupportedTaskError
 from .images import ensure_image
@@ -161,7 +160,7 @@ class SproutEnvironment(BaseEnvironment):
         targets = {*self._mount_targets(writable_only=True),
                    *(str(p) for p in (paths.agent_dir, paths.verifier_dir, paths.artifacts_dir))}
         uid, gid, _ = await self._user()
-        await asyncio.to_thread(files.ensure_dirs, self.sandbox, sorted(targets), (uid, gid))
+        await self._transfer("ensure_dirs", sorted(targets), (uid, gid))
         if self._owns_sandbox and self._checkpoint is None:
             await self._upload_environment_dir_after_start()
 
@@ -197,17 +196,25 @@ class SproutEnvironment(BaseEnvironment):
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         uid, gid, _ = await self._user()
-        await asyncio.to_thread(files.upload_file, self.sandbox, Path(source_path), target_path, (uid, gid))
+        await self._transfer("upload_file", Path(source_path), target_path, (uid, gid))
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
         uid, gid, _ = await self._user()
-        await asyncio.to_thread(files.upload_dir, self.sandbox, Path(source_dir), target_dir, (uid, gid))
+        await self._transfer("upload_dir", Path(source_dir), target_dir, (uid, gid))
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
-        await asyncio.to_thread(files.download_file, self.sandbox, source_path, Path(target_path))
+        await self._transfer("download_file", source_path, Path(target_path))
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
-        await asyncio.to_thread(files.download_dir, self.sandbox, source_dir, Path(target_dir))
+        await self._transfer("download_dir", source_dir, Path(target_dir))
+
+    async def _transfer(self, operation: str, *args: object) -> None:
+        """One operation of the sandbox's files (sprout.sandbox.files), off the event loop."""
+        def run() -> None:
+            with self.sandbox.files() as files:
+                getattr(files, operation)(*args)
+
+        await asyncio.to_thread(run)
 
 
 def start_task_sandbox(store: Store, task: Task, label: str, *, image: Image | None = None,

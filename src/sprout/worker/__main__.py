@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from ..console import console, run_cli
+from ..sandbox import backends
 from . import doctor
 from . import run as run_command
 
@@ -27,8 +28,7 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("doctor", help="check this host: btrfs store, podman, rlimits, images, runtime, smoke test")
     s.add_argument("--store", type=Path, help="btrfs store (default: $SPROUT_STORE or ~/sprout-btrfs)")
     s.add_argument("--runtime-bin", type=Path, help=f"sprout-runtime to check (default {doctor.DEFAULT_RUNTIME})")
-    s.add_argument("--backend", choices=["container", "microvm"], default="container",
-                   help="microvm adds the accelerator (KVM, else TCG), QEMU, the guest kernel and a VM smoke test")
+    s.add_argument("--backend", choices=backends.names(), default=backends.DEFAULT, help=backends.help_text())
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_doctor)
     run_command.add_parser(sub)

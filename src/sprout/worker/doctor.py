@@ -6,23 +6,17 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from ..checkout import RUNTIME_LAUNCHER
 from ..errors import SproutError
-from ..sandbox import Store, podman, shell, trust
+from ..sandbox import Store, backends, podman, shell, trust
+from ..sandbox.backends import Check
 from ..sandbox.images import RECIPES
 
 MIN_FREE_BYTES = 5 << 30
 DEFAULT_RUNTIME = RUNTIME_LAUNCHER
-
-
-@dataclass
-class Check:
-    name: str
-    ok: bool
-    detail: str
 
 
 def _python() -> Check:
@@ -143,10 +137,9 @@ def _smoke(store: Store, runtime_bin: Path | None) -> Check:
     return round_trip("smoke test", Store(store.root, runtime_bin=runtime_bin), f"exec via {via}")
 
 
-def round_trip(name: str, store: Store, detail: str, *, first: str = "create", save_memory: bool = False,
-               **create) -> Check:
-    """Creates a sandbox (`create`: create_sandbox's options; `first` names that step), runs a command,
-    checkpoints it (with its memory when asked), branches, destroys; reports each step's time."""
+def round_trip(name: str, store: Store, detail: str, smoke: backends.Smoke = backends.Smoke()) -> Check:
+    """Creates a sandbox as `smoke` says, runs a command, checkpoints it (with its memory when asked),
+    branches, destroys; reports each step's time."""
     timings: dict[str, float] = {}
     sandboxes, checkpoint = [], None
 
@@ -158,12 +151,12 @@ def round_trip(name: str, store: Store, detail: str, *, first: str = "create", s
 
     try:
         image = store.image(RECIPES[-1].tags[0])
-        sandbox = timed(first, lambda: store.create_sandbox(image, label="doctor", **create))
+        sandbox = timed(smoke.first, lambda: store.create_sandbox(image, label="doctor", **smoke.create))
         sandboxes.append(sandbox)
         result = timed("exec", lambda: sandbox.exec("echo sprout > /tmp/doctor && cat /tmp/doctor"))
         if result.exit_code != 0 or result.output.strip() != "sprout":
             return Check(name, False, f"exec gave exit {result.exit_code}: {result.output.strip()[:200]}")
-        checkpoint = timed("checkpoint", lambda: sandbox.checkpoint(label="doctor", memory=save_memory))
+        checkpoint = timed("checkpoint", lambda: sandbox.checkpoint(label="doctor", memory=smoke.save_memory))
         branch = timed("branch", checkpoint.branch)
         sandboxes.append(branch)
         seen = branch.exec("cat /tmp/doctor").output.strip()
@@ -179,6 +172,15 @@ def round_trip(name: str, store: Store, detail: str, *, first: str = "create", s
         if checkpoint is not None:
             store.remove_checkpoint(checkpoint.id, force=True)
     return Check(name, True, f"{detail}: " + ", ".join(f"{k} {v:.0f} ms" for k, v in timings.items()))
+
+
+def _backend_checks(store: Store | None, backend: backends.SandboxBackend, ready: bool) -> list[Check]:
+    """The backend's own checks, then (when everything before passed) a round trip of one of its sandboxes."""
+    checks = backend.checks()
+    smoke = f"{backend.name} smoke"
+    if store is None or not ready or not all(c.ok for c in checks):
+        return checks + [Check(smoke, False, "skipped: fix the failures above first")]
+    return checks + [round_trip(smoke, store, backend.smoke.detail, backend.smoke)]
 
 
 def _litellm_proxy() -> Check | None:
@@ -212,7 +214,8 @@ def _litellm_proxy() -> Check | None:
 
 
 def run_checks(store_root: Path | None = None, runtime_bin: Path | None = None,
-               backend: str = "container") -> list[Check]:
+               backend: str = backends.DEFAULT) -> list[Check]:
+    """Every check of this host, for containers and, when `backend` names another, that backend too."""
     runtime_bin = runtime_bin or DEFAULT_RUNTIME
     checks = [_python(), _kernel_btrfs()]
     store_check, store = _store(store_root)
@@ -226,9 +229,8 @@ def run_checks(store_root: Path | None = None, runtime_bin: Path | None = None,
             checks.append(_smoke(store, runtime_bin if os.access(runtime_bin, os.X_OK) else None))
         else:
             checks.append(Check("smoke test", False, "skipped: fix the failures above first"))
-    if backend == "microvm":
-        from .doctor_microvm import microvm_checks
-        checks += microvm_checks(store, ready=all(c.ok for c in checks))
+    if backend != backends.DEFAULT:
+        checks += _backend_checks(store, backends.get(backend), ready=all(c.ok for c in checks))
     proxy = _litellm_proxy()
     return checks + ([proxy] if proxy else [])
 

@@ -7,8 +7,7 @@ from rich.markup import escape
 
 from ..agent import defaults
 from ..console import console
-from ..sandbox import Store
-from ..sandbox.store import BACKEND_HELP, BACKENDS
+from ..sandbox import Store, backends
 
 
 def add_parser(sub) -> None:
@@ -29,7 +28,7 @@ def add_parser(sub) -> None:
     s.add_argument("--runtime-bin", type=Path, help="run commands through this sprout-runtime "
                    "(default: $SPROUT_RUNTIME_BIN, else podman exec)")
     s.add_argument("--sandbox-image", default=defaults.IMAGE, help=f"image of the sandbox (default {defaults.IMAGE})")
-    s.add_argument("--backend", choices=BACKENDS, default="container", help=BACKEND_HELP)
+    s.add_argument("--backend", choices=backends.names(), default=backends.DEFAULT, help=backends.help_text())
     s.add_argument("--cwd", default="/tmp", help="directory the agent's commands start in (default /tmp)")
     s.add_argument("--journal", type=Path, required=True, help="journal to write (JSONL; must not exist)")
     s.add_argument("--store", type=Path, help="btrfs store (default: $SPROUT_STORE or ~/sprout-btrfs)")

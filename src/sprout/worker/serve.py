@@ -184,7 +184,7 @@ class Worker:
 
 def main(argv: list[str] | None = None) -> int:
     from ..errors import SproutError
-    from .handlers import default_handlers, store_from_env
+    from .handlers import default_handlers, store_for
     from .shipping import ShipServer, fetch_checkpoint
 
     p = argparse.ArgumentParser(prog="python -m sprout.worker serve", description=__doc__,
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         handlers = {k: v for k, v in handlers.items() if k in wanted}
     client = RunStoreClient(args.url, token)
     try:
-        for line in store_from_env().gc():  # what a killed worker left: its sandboxes, half-made subvolumes
+        for line in store_for().gc():  # what a killed worker left: its sandboxes, half-made subvolumes
             log.info("reaped %s", line)
     except SproutError as e:
         log.warning("could not reap what a killed worker left: %s", e)
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: --ship-listen wants ADDR:PORT, got {args.ship_listen!r}", file=sys.stderr)
             return 2
         try:
-            server = ShipServer(store_from_env(), token, bind=bind or "0.0.0.0", port=int(port),
+            server = ShipServer(store_for(), token, bind=bind or "0.0.0.0", port=int(port),
                                 advertise=args.ship_advertise)
         except (OSError, SproutError) as e:
             print(f"error: cannot serve checkpoints on {args.ship_listen}: {e}", file=sys.stderr)
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         log.info("serving this host's checkpoints at %s", server.url)
     worker = Worker(client, handlers, host=args.host_id, slots=args.slots, lease_s=args.lease,
                     heartbeat_s=max(1.0, min(HEARTBEAT_MAX_S, args.lease / 6)), alive_file=args.alive_file,
-                    fetch=lambda claim: fetch_checkpoint(claim, client, store_from_env(), token),
+                    fetch=lambda claim: fetch_checkpoint(claim, client, store_for(), token),
                     ship_url=server.url if server else None)
     signal.signal(signal.SIGTERM, worker.stop)
     signal.signal(signal.SIGINT, worker.stop)

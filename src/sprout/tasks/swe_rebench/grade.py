@@ -33,7 +33,6 @@ from typing import Literal
 from pydantic import BaseModel
 
 from ...sandbox import Checkpoint, Sandbox, Store
-from .. import files
 from ..pull import PullPolicy, ensure_present, pull_policy
 from .instances import Instance, repo_dir
 from .verdict import Parser, Parsers, SweGradeError, verdict
@@ -126,7 +125,8 @@ def _diff_in(sandbox: Sandbox, instance: Instance, timeout_s: float) -> str:
 
 def _read_back(sandbox: Sandbox, path: str) -> bytes:
     """The bytes of a regular file in the sandbox (b"" when absent), read in chunks, at most MAX_READ_BYTES."""
-    return files.read_file(sandbox, path, MAX_READ_BYTES) or b""
+    with sandbox.files() as files:
+        return files.read_file(path, MAX_READ_BYTES) or b""
 
 
 # ---------------------------------------------------------------- grading
@@ -264,12 +264,13 @@ def _stage(sandbox: Sandbox, tmp: Path, instance: Instance, diff: str) -> None:
     """Writes the patches and the two scripts into the sandbox under WORK (world-writable)."""
     scripts = official_scripts(instance, f"{WORK}/patch.diff" if diff.strip() else None, f"{WORK}/test_patch.diff")
     staged = {"patch.diff": diff, "test_patch.diff": instance.test_patch, **scripts, "stdout": "", "stderr": ""}
-    files.ensure_dirs(sandbox, [WORK], (0, 0))
-    for name, text in staged.items():
-        local = tmp / name
-        local.write_bytes(text.encode("utf-8", "surrogateescape"))
-        local.chmod(0o666)
-        files.upload_file(sandbox, local, f"{WORK}/{name}", (0, 0))
+    with sandbox.files() as files:
+        files.ensure_dirs([WORK], (0, 0))
+        for name, text in staged.items():
+            local = tmp / name
+            local.write_bytes(text.encode("utf-8", "surrogateescape"))
+            local.chmod(0o666)
+            files.upload_file(local, f"{WORK}/{name}", (0, 0))
 
 
 def _log(sandbox: Sandbox) -> str:

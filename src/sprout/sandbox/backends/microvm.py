@@ -1,4 +1,5 @@
-"""The microVM backend of the store: what a sandbox's subvolume holds and how its VM starts and saves.
+"""The microVM backend: a QEMU microvm machine boots the sandbox's disk; what its subvolume holds and how
+its VM starts and saves.
 
 A microVM sandbox's subvolume holds `disk.img` (its filesystem, an ext4 file), so the store's own
 snapshots do the work: a checkpoint is a read-only snapshot of that subvolume (O(1)), with
@@ -16,14 +17,25 @@ import fcntl
 import os
 import re
 import shutil
-from contextlib import suppress
+import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import btrfs, podman
-from ..errors import StoreError
+from .. import trust as host_trust
+from ..errors import SandboxStateError, StoreError
+from ..execution import ExecResult
+from ..microvm.guest import BUSYBOX, guest_kernel, guest_kit, make_disk
+from ..microvm.transfer import GuestTransfer, refusals
+from ..microvm.vm import QEMU, MicroVM, VMLimits, choose_accel
 from ..trust import CONTAINER_BUNDLE, HostTrust, container_env
-from .guest import BUSYBOX, guest_kit, make_disk
-from .vm import MicroVM, VMLimits, choose_accel
+from . import Check, Smoke
+
+if TYPE_CHECKING:
+    from ..store import Checkpoint, Image, Sandbox, Store
 
 DISK_FILE, MEMORY_FILE = "disk.img", "memory.bin"
 DEFAULT_MEMORY_MB = 1024
@@ -196,3 +208,105 @@ def snapshot(vm: MicroVM | None, subvolume: Path, dest: Path, *, memory: bool) -
         if btrfs.is_subvolume(dest):
             btrfs.delete(dest)
         raise
+
+
+class MicroVMBackend:
+    name = "microvm"
+    summary = "QEMU microVMs, each with its own kernel"
+    host_files = False
+
+    @property
+    def smoke(self) -> Smoke:
+        """A VM booted, checkpointed with its memory and resumed in a branch."""
+        return Smoke(first="boot", save_memory=True, create={"backend": self.name, "memory": "512m"},
+                     detail=accelerator()[0])
+
+    def limits(self, limits: dict, *, network: bool | None, checkpoint: "Checkpoint | None") -> dict:
+        """No network unless asked for (or its checkpoint's sandbox had it); a branch of a memory
+        checkpoint keeps its VM's size."""
+        inherited = bool(checkpoint and checkpoint.limits.get("network"))
+        limits = limits | {"backend": self.name, "network": bool(network if network is not None else inherited)}
+        if checkpoint is not None and has_memory(checkpoint.path):
+            check_resumable(checkpoint.limits, limits)
+        return limits
+
+    def make_subvolume(self, store: "Store", image: "Image", dest: Path) -> None:
+        create_subvolume(store.root, image.key, image.path, dest)
+
+    def start(self, store: "Store", sandbox: "Sandbox", *, restart: bool = False) -> None:
+        """Boots its disk; the memory of a resumed branch is gone after a restart."""
+        start(store.root, sandbox.path, sandbox.profile_path.parent, sandbox.limits, sandbox.id,
+              holder=sandbox.container, labels=store.labels(sandbox.id),
+              trust=host_trust.host_trust(sandbox.limits.get("host_trust")))
+
+    def stop(self, sandbox: "Sandbox") -> None:
+        stop(_vm(sandbox), sandbox.container if sandbox.limits.get("network") else None)
+
+    def running(self, sandbox: "Sandbox") -> bool:
+        return _vm(sandbox) is not None
+
+    def network_enabled(self, sandbox: "Sandbox") -> bool:
+        vm = _vm(sandbox)  # QEMU runs in its holder's network namespace
+        return vm is not None and bool(sandbox.limits.get("network")) and podman.connected(vm.pid)
+
+    def set_network(self, sandbox: "Sandbox", enabled: bool) -> None:
+        if sandbox.limits.get("network") and (vm := _vm(sandbox)) is not None:
+            set_network(vm, sandbox.container, enabled)
+
+    def exec(self, sandbox: "Sandbox", argv: list[str], *, cwd: str, env: dict[str, str], user: str | int | None,
+             timeout: float | None, max_output: int, cancel: threading.Event | None) -> ExecResult:
+        """In the guest, by its agent; setting `cancel` kills what the command started, as its timeout would."""
+        config = sandbox.image.config
+        return _running_vm(sandbox).exec(argv, cwd=cwd, env=config.env | sandbox.limits.get("env", {}) | env,
+                                         user=str(user if user is not None else config.user or "0"),
+                                         timeout=timeout, max_output=max_output, cancel=cancel)
+
+    def snapshot(self, sandbox: "Sandbox", dest: Path, *, memory: bool) -> None:
+        snapshot(_vm(sandbox), sandbox.path, dest, memory=memory)
+
+    @contextmanager
+    def files(self, sandbox: "Sandbox") -> Iterator[GuestTransfer]:
+        vm = _vm(sandbox)
+        if vm is None:
+            raise SandboxStateError(f"sandbox {sandbox.id} is not running, so its files cannot be reached")
+        with refusals(), vm.files() as files:
+            yield GuestTransfer(files)
+
+    def reap(self, store: "Store", sandbox_ids: set[str], dry_run: bool) -> list[str]:
+        removed = []
+        for run_dir in sorted((store.root / "state" / "sandboxes").iterdir()):
+            if run_dir.name not in sandbox_ids and (vm := MicroVM.attach(run_dir)) is not None:
+                removed.append(f"orphan microVM of {run_dir.name}")
+                if not dry_run:
+                    vm.kill()
+        return removed
+
+    def forget_image(self, store: "Store", image_key: str) -> None:
+        remove_image_disk(store.root, image_key)
+
+    def checks(self) -> list[Check]:
+        accel, why = accelerator()
+        checks = [Check("kvm", True, f"{accel}: {why}" + ("" if accel == "kvm" else
+                                                            " (boots and commands run several times slower)"))]
+        if shutil.which(QEMU) is None:
+            checks.append(Check("qemu", False, f"{QEMU} is not installed (ops/setup_podman.sh --microvm installs "
+                                               "qemu-system-x86)"))
+        else:
+            version = subprocess.run([QEMU, "--version"], capture_output=True, text=True).stdout.splitlines()
+            checks.append(Check("qemu", True, version[0] if version else QEMU))
+        try:
+            kernel, modules = guest_kernel()
+        except StoreError as e:
+            return checks + [Check("guest kernel", False, str(e))]
+        return checks + [Check("guest kernel", True, f"{kernel} with modules {modules}")]
+
+
+def _vm(sandbox: "Sandbox") -> MicroVM | None:
+    return MicroVM.attach(sandbox.profile_path.parent)
+
+
+def _running_vm(sandbox: "Sandbox") -> MicroVM:
+    vm = _vm(sandbox)
+    if vm is None:
+        raise SandboxStateError(f"sandbox {sandbox.id} is not running (start it: sprout sandbox start {sandbox.id})")
+    return vm

@@ -1,29 +1,19 @@
-"""A rollout on a SWE-rebench V2 instance, here or on a worker: the agent works in a sandbox of the
-instance's image in `/<repo name>`; at its end its change is taken as a diff against `base_commit` and
-graded as the official harness grades it, in a fresh sandbox of the image (sprout.tasks.swe_rebench.grade)."""
+"""A rollout on a SWE-rebench V2 instance: the agent works in a sandbox of the instance's image in
+`/<repo name>`; at its end its change is taken as a diff against `base_commit` and graded as the official
+harness grades it, in a fresh sandbox of the image (sprout.tasks.swe_rebench.grade)."""
 
 import threading
 from functools import cache
 from pathlib import Path
 
-from ..agent.journal import Outcome
-from ..agent.runner import RolloutCancelled, RolloutResult, RolloutSpec, run_rollout
-from ..sandbox import Checkpoint, Sandbox, Store
-from ..tasks import GradeResult
-from ..tasks.pull import ensure_present, pull_policy
-from ..tasks.swe_rebench import (
-    Instance,
-    InstanceSet,
-    Parsers,
-    SweGrade,
-    SweRebenchRef,
-    agent_diff,
-    grade_instance,
-    load_instances,
-    load_parsers,
-    repo_dir,
-)
-from ..tasks.swe_rebench.grade import Rule
+from ...agent.journal import Outcome
+from ...agent.runner import RolloutResult, RolloutSpec, run_rollout
+from ...sandbox import Checkpoint, Sandbox, Store
+from ..grade import GradeResult
+from ..pull import ensure_present, pull_policy
+from .grade import Rule, SweGrade, agent_diff, grade_instance
+from .instances import Instance, InstanceSet, SweRebenchRef, load_instances, repo_dir
+from .verdict import Parsers, load_parsers
 
 GRADE_WALL_S = 600.0  # a grade's test commands, at most, unless told (the Miles example's default)
 
@@ -31,9 +21,7 @@ GRADE_WALL_S = 600.0  # a grade's test commands, at most, unless told (the Miles
 def run_swe_rollout(store: Store, spec: RolloutSpec, ref: SweRebenchRef, *, grade_wall_s: float, label: str,
                     stop: threading.Event | None = None) -> tuple[RolloutResult, GradeResult | None]:
     """Runs `spec` on the instance `ref` names (its image and working directory replace the spec's), or a
-    branch of such a rollout, and grades it at the end; a stopped rollout is discarded (RolloutCancelled)."""
-    from ..method.executor import discard
-
+    branch of such a rollout, and grades it at the end; a stopped rollout raises RolloutCancelled."""
     instance, parsers = instance_of(ref), _parsers(ref.parser_path, ref.grader_revision)
     spec.image, spec.cwd = instance.image_name, repo_dir(instance)
     sandbox = None  # a branch starts from its checkpoint
@@ -47,11 +35,7 @@ def run_swe_rollout(store: Store, spec: RolloutSpec, ref: SweRebenchRef, *, grad
             graded.append(grade_instance(store, instance, agent_diff(live, instance), parsers,
                                          timeout_s=grade_wall_s, network=ref.verifier_network == "allow"))
 
-    try:
-        result = run_rollout(spec, store, sandbox=sandbox, stop=stop, on_finish=grade_at_the_end)
-    except RolloutCancelled:
-        discard(store, spec.journal)
-        raise
+    result = run_rollout(spec, store, sandbox=sandbox, stop=stop, on_finish=grade_at_the_end)
     return result, grade_result(graded[0]) if graded else None
 
 

@@ -1,9 +1,9 @@
-"""Running evaluation work as Run Store jobs when a Run Store is configured, in-process otherwise.
+"""Work as Run Store jobs, when a Run Store is configured (else it runs here: sprout.jobs.local).
 
 `services env` exports SPROUT_RUNSTORE_URL and SPROUT_RUNSTORE_TOKEN; with both set, gate and
 evaluation submit their work as jobs (kinds gate, rollout, grade, review) and wait for the results,
 which workers compute with the same functions the in-process path calls, so both give the same
-summary. A job names the model endpoint (sprout.runstore.endpoints): `--model-endpoint-name` (default
+summary. A job names the model endpoint (sprout.jobs.endpoints): `--model-endpoint-name` (default
 "default") is one configured on the workers, with their key; a plain `--model-endpoint URL` is called
 with no key. A branch or a grade prefers the host that holds its checkpoint; once it has waited
 `affinity_timeout_s` there, any worker may take it and ships the checkpoint first. Paths in payloads
@@ -20,38 +20,30 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from ..agent.journal import Outcome, read_journal
-from ..agent.models import Endpoint
+from ..agent.journal import read_journal
 from ..agent.runner import RolloutCancelled, TurnEvent
 from ..errors import SproutError
-from ..method.backend import RolloutDone, RolloutRequest
 from ..method.records import ReviewRecord
 from ..method.review import ReviewerConfig, ReviewInput
-from ..runstore.endpoints import EndpointRef
 from ..runstore.errors import RunStoreError
 from ..runstore.kinds import Payload
 from ..runstore.models import Job
+from ..sandbox import backends
 from ..tasks import GradeResult
-from ..tasks.swe_rebench import SweRebenchRef
-from .jobs import (
+from .endpoints import endpoint_ref
+from .local import RolloutDone, RolloutRequest
+from .payloads import (
     GradePayload,
     ReviewerSpec,
     ReviewPayload,
-    RolloutOptions,
-    RolloutPayload,
-    SandboxBackend,
+    RolloutResult,
     kind_of,
+    rollout_payload,
 )
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 WAIT_S = 1.0  # one long-poll of a job's group events: a stop is acted on within this
 REVIEW_INPUT = TypeAdapter(ReviewInput)
-
-
-def endpoint_ref(endpoint: Endpoint) -> EndpointRef:
-    """How a job names `endpoint`: by name (a workers' configured endpoint, whose URL and key are the
-    workers'), else by its plain URL, which workers call with no key. Never a key or a key variable."""
-    return EndpointRef(name=endpoint.name) if endpoint.name else EndpointRef(url=endpoint.url)
 
 
 def configured_client():
@@ -136,36 +128,11 @@ def _wait_for_events(client, job: Job, seq: int, wait_s: float, stop: threading.
     return max([seq, *(e.seq for e in events)]), any(e.job_id == job.id for e in events)
 
 
-def rollout_payload(request: RolloutRequest, task_dir: Path | None, *, deadline_unix: float | None = None,
-                    swe: SweRebenchRef | None = None, grade_wall_s: float | None = None,
-                    backend: SandboxBackend = "container") -> RolloutPayload:
-    """The rollout job that runs `request` on a worker: a fresh start in the task's sandbox (a `backend`
-    one), or a branch; graded live when the request has a trial directory. With `swe` (and no task), a
-    rollout on that SWE-rebench instance, graded as the official harness."""
-    spec = request.spec
-    options = RolloutOptions(
-        endpoint=endpoint_ref(spec.endpoint), journal=str(spec.journal.resolve()), cwd=spec.cwd,
-        model_class=spec.model_class, step_limit=spec.step_limit, token_limit=spec.token_limit,
-        wall_time_s=spec.wall_time_s, command_timeout_s=spec.command_timeout_s, label=request.attempt,
-        task_dir=str(task_dir.resolve()) if task_dir else None, sampling=spec.sampling, deadline_unix=deadline_unix,
-        swe=swe, grade_wall_s=grade_wall_s, backend=backend,
-        from_journal=str(spec.from_journal.resolve()) if spec.from_journal is not None else None,
-        grade_trial_dir=str(request.trial_dir.resolve()) if request.trial_dir is not None else None)
-    return RolloutPayload(task=spec.task, image=spec.image, model=spec.model, from_checkpoint=request.checkpoint,
-                          turn=spec.from_turn, note=spec.note, insert=spec.insert, options=options)
-
-
-def rollout_done(result: dict[str, Any]) -> RolloutDone:
-    """A rollout job's result as the method's record."""
-    grade = GradeResult.model_validate(result["grade"]) if result.get("grade") else None
-    return RolloutDone(Outcome.model_validate(result["outcome"]), result["host"], grade)
-
-
-class RunStoreBackend:
-    """The method's rollouts, grades and reviews as Run Store jobs (sprout.worker.handlers runs them)."""
+class RunStoreJobs:
+    """An evaluation's rollouts, grades and reviews as Run Store jobs (a worker's handlers run them)."""
 
     def __init__(self, client, *, task_dir: Path, group_id: str, affinity_timeout_s: float = 60.0,
-                 backend: SandboxBackend = "container"):
+                 backend: str = backends.DEFAULT):
         self.client, self.task_dir, self.group_id, self.backend = client, task_dir.resolve(), group_id, backend
         self.affinity_timeout_s = affinity_timeout_s
 
@@ -181,7 +148,7 @@ class RunStoreBackend:
                          on_poll=follow, stop=stop, **self._affinity(request.host))
         if follow is not None:
             follow()
-        return rollout_done(result)
+        return RolloutResult.model_validate(result).done()
 
     def grade(self, checkpoint: str, host: str | None, trial_dir: Path) -> GradeResult:
         payload = GradePayload(checkpoint_id=checkpoint, task_dir=str(self.task_dir), trial_dir=str(trial_dir.resolve()))

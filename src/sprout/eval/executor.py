@@ -1,5 +1,5 @@
 """Running the method's plans for real: agent rollouts in the task's sandboxes, Harbor grading, reviews,
-through a backend (in this process, or Run Store jobs; see sprout.method.backend).
+here or as Run Store jobs (sprout.jobs).
 
 Output layout (under `out`): attempts/<id>.jsonl (journals), verifier/<id>/ (Harbor's verifier files),
 reviews/<id>.json. Records passed in as `recorded` are replayed instead of rerun when they match the
@@ -27,13 +27,14 @@ from ..agent import defaults
 from ..agent.journal import Journal, now, read_journal
 from ..agent.models import Endpoint
 from ..agent.runner import RolloutCancelled, RolloutSpec, TurnEvent
+from ..errors import SproutError
+from ..jobs.journals import discard
+from ..jobs.local import Jobs, RolloutDone, RolloutRequest
+from ..method.records import AttemptPlan, AttemptRecord, ReviewRecord
+from ..method.review import ReviewerConfig, ReviewInput
+from ..method.trajectory import trajectory
 from ..sandbox import Store
-from ..sandbox.errors import SandboxNotFound, SproutError
 from ..tasks import TaskImage
-from .backend import Backend, RolloutDone, RolloutRequest
-from .records import AttemptPlan, AttemptRecord, ReviewRecord
-from .review import ReviewerConfig, ReviewInput
-from .trajectory import trajectory
 
 
 @dataclass
@@ -46,11 +47,11 @@ class AgentConfig:
 
 
 class TaskExecutor:
-    def __init__(self, *, store: Store, backend: Backend, task: Task, image: TaskImage, agent: AgentConfig,
+    def __init__(self, *, store: Store, jobs: Jobs, task: Task, image: TaskImage, agent: AgentConfig,
                  reviewer: ReviewerConfig | None, out: Path, recorded_attempts: Iterable[AttemptRecord] = (),
                  recorded_reviews: Iterable[ReviewRecord] = (), on_record: Callable[[], None] = lambda: None,
                  on_turn: Callable[[str, TurnEvent], None] | None = None, log: Callable[[str], None] = print):
-        self.store, self.backend, self.task, self.image = store, backend, task, image
+        self.store, self.jobs, self.task, self.image = store, jobs, task, image
         self.agent, self.reviewer, self.out = agent, reviewer, out
         self._records: dict[str, AttemptRecord] = {}  # replayed ones included
         self._order: dict[str, int] = {}  # attempt id -> its place in plan order
@@ -146,7 +147,7 @@ class TaskExecutor:
             raise SproutError(f"attempt {plan.id}: the agent stopped before its first turn: {outcome.message}")
         trial_dir = self.out / "verifier" / plan.id
         try:
-            graded = done.grade or (self.backend.grade(outcome.final_checkpoint, done.host, trial_dir)
+            graded = done.grade or (self.jobs.grade(outcome.final_checkpoint, done.host, trial_dir)
                                     if outcome.final_checkpoint else None)
         except SproutError as e:
             graded, grade_error = None, str(e)
@@ -188,7 +189,7 @@ class TaskExecutor:
         elif plan.note:
             spec.task = f"{self.task.instruction.rstrip()}\n\n{plan.note}"
         on_event = (lambda event: self.on_turn(plan.id, event)) if self.on_turn else None
-        return self.backend.rollout(request, on_event, stop)
+        return self.jobs.rollout(request, on_event, stop)
 
     # ------------------------------------------------------------------ reviews
     def review(self, review_id: str, round_number: int, target: AttemptRecord, n: int,
@@ -204,7 +205,7 @@ class TaskExecutor:
                           verifier_output=self._verifier_text(target), reward=target.reward, n=n,
                           step_limit=target.step_limit)
         self.log(f"{review_id}: reviewing {target.id} with {self.reviewer.model}")
-        record = self.backend.review(self.reviewer, inp, review_id=review_id, round_number=round_number,
+        record = self.jobs.review(self.reviewer, inp, review_id=review_id, round_number=round_number,
                                      reviewed=target.id)
         path = self.out / "reviews" / f"{review_id}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -244,27 +245,3 @@ def _describe(plan: AttemptPlan) -> str:
         return f"{plan.id}: branch from {start} (review {plan.review}): {plan.reason}"
     return f"{plan.id}: {'first attempt' if plan.kind == 'first' else 'fresh restart'} (step limit {plan.step_limit})"
 
-
-def discard(store: Store, journal: Path) -> None:
-    """Removes a journal with its sandbox and checkpoints."""
-    release(store, [journal])
-    journal.unlink(missing_ok=True)
-
-
-def release(store: Store, journals: Iterable[Path]) -> None:
-    """Removes these journals' checkpoints (and a sandbox a killed run left running)."""
-    for path in journals:
-        try:
-            journal = read_journal(path)
-        except SproutError:
-            continue
-        try:
-            store.remove_sandbox(journal.header.sandbox, force=True)
-        except SandboxNotFound:
-            pass
-        for turn in journal.turns:
-            if turn.checkpoint:
-                try:
-                    store.remove_checkpoint(turn.checkpoint, force=True)
-                except SproutError:
-                    pass

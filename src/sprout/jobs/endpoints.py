@@ -15,7 +15,7 @@ import json
 import os
 import re
 from collections.abc import Collection, Mapping
-from typing import TYPE_CHECKING, Self
+from typing import Self
 
 from pydantic import (
     BaseModel,
@@ -28,8 +28,8 @@ from pydantic import (
     model_validator,
 )
 
-if TYPE_CHECKING:
-    from ..agent.models import Endpoint
+from ..agent.models import Endpoint
+from ..errors import SproutError
 
 ENDPOINTS_ENV = "SPROUT_ENDPOINTS"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -94,8 +94,6 @@ def check_name(name: str) -> str:
 
 def worker_endpoints(environ: Mapping[str, str] = os.environ) -> dict[str, ConfiguredEndpoint]:
     """This worker's configured endpoints, from $SPROUT_ENDPOINTS (JSON {name: {url, key_env}})."""
-    from ..errors import SproutError
-
     raw = environ.get(ENDPOINTS_ENV, "").strip()
     if not raw:
         return {}
@@ -123,9 +121,6 @@ def resolve(ref: EndpointRef | Mapping, configured: Mapping[str, ConfiguredEndpo
     """The Endpoint a worker calls for a job's `ref`: a configured name with that configuration's URL
     and key variable, or a plain URL with no key. Raises SproutError (nothing is called) for a name
     this worker does not have, or whose key variable is not set here."""
-    from ..agent.models import Endpoint
-    from ..errors import SproutError
-
     ref = ref if isinstance(ref, EndpointRef) else EndpointRef.model_validate(ref)
     if ref.url is not None:
         return Endpoint(ref.url, None)
@@ -143,3 +138,9 @@ def resolve(ref: EndpointRef | Mapping, configured: Mapping[str, ConfiguredEndpo
 def known_names(names: Collection[str]) -> frozenset[str]:
     """`names` checked as endpoint names (for the API's --endpoints)."""
     return frozenset(check_name(n) for n in names)
+
+
+def endpoint_ref(endpoint: Endpoint) -> EndpointRef:
+    """How a job names `endpoint`: by name (a workers' configured endpoint, whose URL and key are the
+    workers'), else by its plain URL, which workers call with no key. Never a key or a key variable."""
+    return EndpointRef(name=endpoint.name) if endpoint.name else EndpointRef(url=endpoint.url)

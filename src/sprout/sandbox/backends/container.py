@@ -1,0 +1,170 @@
+"""The container backend: stock podman runs the sandbox's subvolume as its rootfs (`--rootfs --init`),
+confined as podman confines any container. Commands run through the confined runtime (setns, fast) or
+`podman exec`; a checkpoint freezes the container's processes (cgroup freezer) while the filesystem is
+flushed and snapshotted. Its files are a host directory, reached by resolving every path inside it."""
+
+import marshal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .. import btrfs, confinement, execution, podman, rootfs, runtime, trust, users
+from ..errors import CommandError, SandboxStateError
+from ..execution import ExecResult
+from ..host_files import HostFiles
+from . import Check, Smoke
+
+if TYPE_CHECKING:
+    from ..store import Checkpoint, Image, Sandbox, Store
+
+
+class ContainerBackend:
+    name = "container"
+    summary = "podman containers"
+    host_files = True
+    smoke = Smoke()
+
+    def limits(self, limits: dict, *, network: bool | None, checkpoint: "Checkpoint | None") -> dict:
+        return limits
+
+    def make_subvolume(self, store: "Store", image: "Image", dest: Path) -> None:
+        btrfs.snapshot(image.path, dest, readonly=False)
+
+    def start(self, store: "Store", sandbox: "Sandbox", *, restart: bool = False) -> None:
+        _check_startable(sandbox.path)
+        if restart:
+            podman.remove_container(sandbox.container)  # podman's record may be stale after a reboot
+        config = sandbox.image.config
+        host = trust.host_trust(sandbox.limits.get("host_trust"))
+        spec = podman.ContainerSpec(
+            name=sandbox.container, rootfs=str(sandbox.path),
+            env=trust.container_env(host) | config.env | sandbox.limits.get("env", {}),
+            workdir=config.workdir, user=config.user, memory=sandbox.limits.get("memory"),
+            pids=sandbox.limits.get("pids"), cpus=sandbox.limits.get("cpus"),
+            network=sandbox.limits.get("network", True), mounts=trust.container_mounts(host),
+            labels=store.labels(sandbox.id))
+        container_id = podman.run_container(spec)
+        if spec.network and sandbox.limits.get("network_connected") is False:  # as it was switched last
+            podman.set_network(sandbox.container, False)
+        sandbox.profile_path.parent.mkdir(parents=True, exist_ok=True)
+        lock = sandbox.profile_path.parent / "freeze.lock"  # serializes freezes (runtime.frozen)
+        confinement.write(confinement.capture(container_id) | {"freeze_lock": str(lock)}, sandbox.profile_path)
+
+    def stop(self, sandbox: "Sandbox") -> None:
+        podman.remove_container(sandbox.container)
+        sandbox.profile_path.unlink(missing_ok=True)
+
+    def running(self, sandbox: "Sandbox") -> bool:
+        return profile_of(sandbox) is not None
+
+    def network_enabled(self, sandbox: "Sandbox") -> bool:
+        profile = profile_of(sandbox)
+        return profile is not None and podman.connected(profile["init_pid"])
+
+    def set_network(self, sandbox: "Sandbox", enabled: bool) -> None:
+        if self.network_enabled(sandbox) == enabled:
+            return
+        try:
+            podman.set_network(sandbox.container, enabled)
+        except CommandError:
+            if self.network_enabled(sandbox) != enabled:  # unless another caller switched it meanwhile
+                raise
+
+    def exec(self, sandbox: "Sandbox", argv: list[str], *, cwd: str, env: dict[str, str], user: str | int | None,
+             timeout: float | None, max_output: int, cancel: threading.Event | None) -> ExecResult:
+        """Through the store's runtime when it has one, else `podman exec`. Setting `cancel` kills every
+        process the sandbox started since the command began, as its timeout would."""
+        profile = _running_profile(sandbox)
+        with _killed_on(cancel, profile):
+            runtime_bin = sandbox.store.runtime_bin
+            if runtime_bin is not None:
+                identity = users.resolve(sandbox.path, user) if user is not None else None
+                return execution.run_via_runtime(runtime_bin, sandbox.profile_path, argv, cwd, env, timeout,
+                                                 max_output, identity)
+            return execution.run_via_podman(sandbox.container, profile, argv, cwd,
+                                            str(user) if user is not None else sandbox.image.config.user, env,
+                                            timeout, max_output)
+
+    def snapshot(self, sandbox: "Sandbox", dest: Path, *, memory: bool) -> None:
+        if memory:
+            raise SandboxStateError(f"sandbox {sandbox.id} is a container: only microVMs save their memory")
+        profile = profile_of(sandbox)  # None: stopped, nothing runs that could write
+        with runtime.frozen(profile) if profile else nullcontext(True) as ok:
+            if not ok:
+                raise SandboxStateError(f"cannot checkpoint {sandbox.id}: its processes did not freeze in time")
+            btrfs.flush(sandbox.path)
+            btrfs.snapshot(sandbox.path, dest, readonly=True)
+
+    @contextmanager
+    def files(self, sandbox: "Sandbox") -> Iterator[HostFiles]:
+        yield HostFiles(sandbox.path)
+
+    def reap(self, store: "Store", sandbox_ids: set[str], dry_run: bool) -> list[str]:
+        removed = []
+        for name in podman.container_names(store.label_filter()):
+            if name.removeprefix(store.container_prefix) not in sandbox_ids:
+                removed.append(f"orphan container {name}")
+                if not dry_run:
+                    podman.remove_container(name)
+        return removed
+
+    def forget_image(self, store: "Store", image_key: str) -> None:
+        pass
+
+    def checks(self) -> list[Check]:
+        return []
+
+
+def profile_of(sandbox: "Sandbox") -> dict | None:
+    """The running container's confinement profile (written when it started), None when it is not running."""
+    try:
+        profile = marshal.loads(sandbox.profile_path.read_bytes())
+        if confinement.proc_starttime(profile["init_pid"]) == profile["init_starttime"]:
+            return profile
+    except (OSError, ValueError, EOFError, KeyError):
+        pass
+    return None
+
+
+def _running_profile(sandbox: "Sandbox") -> dict:
+    profile = profile_of(sandbox)
+    if profile is None:
+        raise SandboxStateError(f"sandbox {sandbox.id} is not running (start it: sprout sandbox start {sandbox.id})")
+    return profile
+
+
+@contextmanager
+def _killed_on(cancel: threading.Event | None, profile: dict) -> Iterator[None]:
+    """While the body runs, a set `cancel` kills every process the sandbox started since it began (frozen
+    first, so none forks meanwhile), which ends a blocked command."""
+    if cancel is None:
+        yield
+        return
+    before = runtime.processes(profile["cgroup_procs"])
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            if cancel.wait(0.05):
+                runtime.kill_new_processes(profile, before)
+                return
+
+    watcher = threading.Thread(target=watch, name="exec-cancel", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+
+
+def _check_startable(root: Path) -> None:
+    """runc reads the rootfs's /etc/passwd and /etc/group when a container starts: a FIFO there blocks the
+    start forever and a device is read without end, so such a rootfs is refused with the reason."""
+    for path in ("/etc/passwd", "/etc/group"):
+        try:
+            rootfs.check_regular(root, path)
+        except rootfs.UnsafeFile as e:
+            raise SandboxStateError(f"cannot start a container on {root.name}: {e}") from None
