@@ -311,9 +311,9 @@ def search_scripts(turns: int) -> tuple[list[dict], list[dict]]:
     repair = {"reasoning": "Look at the code again.", "command": "ls /app && echo repair-ran"}
     policy = script(2, turns) + [{"thought": "submit", "command": SUBMIT,
                                   "match": f"{re.escape(CONTINUE)}|repair-ran"}] * 4
-    review = ([{"content": "The agent never changed calc.py.", "match": "First question"}] * 2
-              + [{"content": json.dumps({"points": [{"turn": turns - 1, "reason": "before it gave up"}]}),
-                  "match": "Choose up to"}] * 2
+    point = {"turn": turns - 1, "mistake_turn": turns, "mistake": "The agent never changed calc.py.",
+             "reason": "before it gave up", "note": "change calc.py"}
+    review = ([{"content": json.dumps({"branch_points": [point]}), "match": "Choose up to"}] * 2
               + [{"content": json.dumps({"repairs": [{"turn": turns - 1, "candidates": [repair]}]}),
                   "match": "next turn"}] * 2)
     return policy, review

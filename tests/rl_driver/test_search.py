@@ -45,11 +45,11 @@ def branch_submits(n: int) -> list[dict]:
 
 
 def reviewer_script(name: str, turn: int, repairs: list[tuple[str, str]] | None, round_two: bool = False) -> list:
-    """The review of the rollout whose history shows `<name>-one`: an analysis, the point `turn`, the repairs."""
-    steps = [{"content": f"{name}: the agent never changed calc.py.", "match": "First question",
-              "conversation": f"{name}-one"},
-             {"content": json.dumps({"points": [{"turn": turn, "reason": "before it gave up"}]}),
-              "match": "Choose up to", "conversation": f"{name}-one"}]
+    """The review of the rollout whose history shows `<name>-one`: the point `turn`, then the repairs."""
+    point = {"turn": turn, "mistake_turn": turn + 1, "mistake": f"{name}: the agent never changed calc.py.",
+             "reason": "before it gave up", "note": "look at calc.py"}
+    steps = [{"content": json.dumps({"branch_points": [point]}), "match": "Choose up to",
+              "conversation": f"(?s){name}-one.*repair-ran" if round_two else f"{name}-one"}]
     if repairs is not None:
         candidates = [{"reasoning": reasoning, "command": command} for reasoning, command in repairs]
         steps.append({"content": json.dumps({"repairs": [{"turn": turn, "candidates": candidates}]}),
@@ -178,7 +178,7 @@ def test_ff_gives_the_fixture_shape_students_and_repairs_from_checkpoints(tasks,
     assert all(t["metadata"]["search"]["leak_terms"] == [] for t in result["trajectories"]
                if t["metadata"]["search"]["kind"] == "repair" and t not in leaky)
     assert all(t["metadata"]["touched_test_paths"] == [] for t in result["trajectories"])
-    assert len(reviews) == 6  # per root: analysis, points, repairs
+    assert len(reviews) == 4  # per root: the points, then the repairs
     assert {s.id for s in Store().sandboxes()} <= before
 
 
@@ -194,7 +194,7 @@ def test_tf_and_ff_partial_branch_students_from_the_failed_roots_only(tasks, tmp
     students = [t for t in result["trajectories"] if t["metadata"]["search"]["kind"] == "student"]
     failed_root = next(t for t in result["trajectories"] if t["group"] == "root" and t["reward"] == 0)
     assert len(students) == 2 and {t["parent_branch_id"] for t in students} == {failed_root["branch_id"]}
-    assert len(reviews) == 2  # analysis and points: no repairs asked outside FF
+    assert len(reviews) == 1  # the points: no repairs asked outside FF
     refusal = {"status": 400, "body": "the policy refused", "match": "Fix it so that"}
     (tmp_path / "partial").mkdir()
     result, request, _ = run_search(tasks, tmp_path / "partial", [refusal] + root_script("delta") + branch_submits(2),
@@ -247,7 +247,7 @@ def test_a_second_round_inserts_a_turn_later_in_the_failed_repair(tasks, tmp_pat
     assert second["parent_branch_id"] == slots[11]["branch_id"]
     assert second["metadata"]["provenance"] == {"prefix_messages": 8, "inserted_messages": [6, 8]}
     assert second["messages"][:8] == first["messages"][:8]
-    assert len(reviews) == 6
+    assert len(reviews) == 4  # each round: the points, then the repairs
     assert all(bool(t["metadata"]["job_id"]) == (where == "runstore") for t in result["trajectories"])
 
 
@@ -272,7 +272,7 @@ def test_a_driver_killed_mid_search_runs_the_same_search_after_a_restart(tasks, 
             client = MilesShapedClient(driver.url)
             client.call("POST", "/rollout-groups", json=request)
             wait_for(lambda: len(model.requests) >= 4, 90, "round 1's branches to call the policy")
-            assert len(reviewer.requests) == 3  # round 1's review is done and stored
+            assert len(reviewer.requests) == 2  # round 1's review is done and stored
             driver.stop(signal.SIGKILL)
             driver = DriverProcess(config, port).start()
             result = client.run_group(request, post=False)
@@ -280,7 +280,7 @@ def test_a_driver_killed_mid_search_runs_the_same_search_after_a_restart(tasks, 
         finally:
             driver.stop()
     assert recount(result, request) == "FF" and result["status"] == "completed"
-    assert len(reviews) == 6  # round 1's review read back, round 2's asked once
+    assert len(reviews) == 4  # round 1's review read back, round 2's asked once
     slots = by_slot(result)
     point = slots[12]["metadata"]["search"]["point_id"]
     assert [slots[i]["group"] for i in sorted(slots)] == ["root", f"student:{point}", f"repair:{point}:1",

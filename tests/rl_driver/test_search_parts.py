@@ -1,6 +1,5 @@
-"""The search's parts without sandboxes: the leak gate's terms, merged repairs, the reviewer's three calls
-against a scripted reviewer (unusable answers asked again, then the fallback rule), and the provenance of an
-exported repair branch."""
+"""The search's parts without sandboxes: the leak gate's terms, merged repairs, and the provenance of an
+exported repair branch (its reviewer, the one SPROUT reviewer, is tested in tests/method/test_review.py)."""
 
 import json
 from pathlib import Path
@@ -9,14 +8,12 @@ import pytest
 
 from sprout.agent.journal import Header, JournalWriter, Limits, Outcome, ParentRef, Turn
 from sprout.agent.runner import InsertedTurn
-from sprout.rl_driver.config import ReviewConfig
+from sprout.method.records import Repair
 from sprout.rl_driver.export import export_messages, journal_messages, restored_messages
 from sprout.rl_driver.leaks import hidden_terms, leak_terms, message_text
 from sprout.rl_driver.outcome import annotate, root_counts
 from sprout.rl_driver.protocol import HINT_CLOSE, HINT_OPEN
-from sprout.rl_driver.review import Repair, Reviewer, ReviewTask
 from sprout.rl_driver.search import merge
-from sprout.testing.scripted_model import ScriptedModelServer
 
 pytestmark = pytest.mark.python_only
 
@@ -72,45 +69,6 @@ def write_journal(path: Path, turns: int, *, parent: ParentRef | None = None, me
     return path
 
 
-def review_config(server: ScriptedModelServer, **changes) -> ReviewConfig:
-    return ReviewConfig(endpoint=server.base_url, model="reviewer", **changes)
-
-
-def test_the_review_asks_again_then_falls_back_and_repairs_only_the_chosen_turns(tmp_path):
-    journal = write_journal(tmp_path / "root.jsonl", 5)
-    script = [{"content": "It never fixed add()."},
-              {"content": json.dumps({"points": [{"turn": 5, "reason": "the last turn cannot be a point"}]})},
-              {"content": "no json at all"},  # asked again once, still unusable: the fallback rule
-              {"content": json.dumps({"repairs": [{"turn": 3, "candidates": [
-                  {"reasoning": "Fix the sign.", "command": "sed -i s/-/+/ calc.py", "extra": "ignored"}]},
-                  {"turn": 9, "candidates": [{"reasoning": "x", "command": "y"}]}]})}]
-    with ScriptedModelServer(script) as server:
-        review = Reviewer(review_config(server, max_output_tokens=64, reasoning_effort="low"), None).review(
-            ReviewTask(instruction="fix add()", journal=journal, verifier_output="1 failed", points=1, candidates=2,
-                       max_turns=10))
-        bodies = [r["body"] for r in server.requests if r["path"].endswith("/chat/completions")]
-    assert review.analysis == "It never fixed add()."
-    assert [p.turn for p in review.points] == [3] and review.fallback  # evenly spaced over the valid turns 1-4
-    assert review.calls[1].problems == ["no valid point was chosen (got turns [5]; valid: 1, 2, 3, 4)"]
-    assert [(r.reasoning, r.command) for r in review.points[0].repairs] == [("Fix the sign.", "sed -i s/-/+/ calc.py")]
-    assert [c.purpose for c in review.calls] == ["analysis", "points", "points", "repairs"]
-    assert all(b["max_tokens"] == 64 and b["reasoning_effort"] == "low" for b in bodies)
-    assert "response_format" not in bodies[0] and bodies[1]["response_format"] == {"type": "json_object"}
-    assert "1 failed" in bodies[0]["messages"][1]["content"]  # the grader's output is shown
-    assert len(bodies[-1]["messages"]) == 8  # one conversation: each question after the answers before it
-
-
-def test_a_review_past_its_deadline_makes_no_call_and_uses_the_fallback(tmp_path):
-    journal = write_journal(tmp_path / "root.jsonl", 4)
-    with ScriptedModelServer([{"content": "never asked"}]) as server:
-        review = Reviewer(review_config(server), None).review(
-            ReviewTask(instruction="x", journal=journal, verifier_output="", points=2, candidates=1, max_turns=10,
-                       deadline=0.0))
-        assert [r for r in server.requests if r["path"].endswith("/chat/completions")] == []
-    assert [p.turn for p in review.points] == [2, 3] and all(p.repairs == [] for p in review.points)
-    assert review.calls[0].problems == ["no time left for the call"]
-
-
 def test_a_repair_branch_exports_its_prefix_and_inserted_turns(tmp_path):
     root = write_journal(tmp_path / "root.jsonl", 3)
     hint = {"role": "user", "content": f"{HINT_OPEN}Carry on.{HINT_CLOSE}"}
@@ -138,36 +96,6 @@ def test_a_repair_branch_exports_its_prefix_and_inserted_turns(tmp_path):
     assert turn == {"role": "assistant", "content": "", "reasoning_content": "The sum subtracts.", "tool_calls": [
         {"id": "repair-1-1", "type": "function",
          "function": {"name": "bash", "arguments": json.dumps({"command": "sed -i s/-/+/ calc.py"})}}]}
-
-
-def test_odd_reviewer_answers_keep_what_is_usable():
-    from sprout.rl_driver.review import ReviewedPoint, _points, _repairs
-
-    points = _points(json.dumps({"points": [{"turn": 2, "reason": None, "note": "extra keys are ignored"}]}), [1, 2], 1)
-    assert [(p.turn, p.reason) for p in points] == [(2, "")]
-    with pytest.raises(ValueError, match="points"):  # a boolean is no turn number
-        _points(json.dumps({"points": [{"turn": True}]}), [1, 2], 1)
-    answer = {"repairs": [{"turn": 2, "candidates": [{"reasoning": "", "command": "ls"}, "not an object",
-                                                     {"reasoning": "Fix the sign.", "command": "sed -i s/-/+/ c.py"}]}]}
-    repairs = _repairs(json.dumps(answer), [ReviewedPoint(turn=2)], 2)
-    assert [r.reasoning for r in repairs[2]] == ["Fix the sign."]  # one bad candidate spoils nothing else
-    with pytest.raises(ValueError, match="no usable repairs"):
-        _repairs(json.dumps({"repairs": [{"turn": 2, "candidates": [{"reasoning": " "}]}]}), [ReviewedPoint(turn=2)], 1)
-
-
-def test_a_reviewer_busy_past_the_deadline_is_not_called(tmp_path):
-    import time
-
-    journal = write_journal(tmp_path / "root.jsonl", 3)
-    with ScriptedModelServer([{"content": "never asked"}]) as server:
-        reviewer = Reviewer(review_config(server, max_concurrent_requests=1), None)
-        reviewer.calls.acquire()  # another group's call holds the only place
-        started = time.monotonic()
-        review = reviewer.review(ReviewTask(instruction="x", journal=journal, verifier_output="", points=1,
-                                            candidates=0, max_turns=10, deadline=time.time() + 3))
-        assert time.monotonic() - started < 3
-        assert [r for r in server.requests if r["path"].endswith("/chat/completions")] == []
-    assert review.calls[0].problems == ["no time left for the call"] and review.fallback
 
 
 def test_the_leak_gate_does_not_count_an_earlier_repair_as_shown():

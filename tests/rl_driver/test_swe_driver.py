@@ -174,9 +174,9 @@ def test_a_search_on_a_swe_rebench_instance_branches_and_gates_leaks(swe_driver,
     look = {"thought": "look", "command": "git status --short", "match": "fix this issue"}
     policy = [look, *then(SUBMIT, 2), {"thought": "submit", "command": SUBMIT, "match": "Carry on"}]
     reasoning = "Make tests/test_mul.py pass: mul adds instead of multiplying."
-    review = [{"content": "It never changed calc/ops.py.", "match": "First question"},
-              {"content": json.dumps({"points": [{"turn": 1, "reason": "before it submitted"}]}),
-               "match": "Choose up to"},
+    point = {"turn": 1, "mistake_turn": 2, "mistake": "It never changed calc/ops.py.", "reason": "before it submitted",
+             "note": "change calc/ops.py"}
+    review = [{"content": json.dumps({"branch_points": [point]}), "match": "Choose up to"},
               {"content": json.dumps({"repairs": [{"turn": 1, "candidates": [
                   {"reasoning": reasoning, "command": FIX_MUL}]}]}), "match": "next turn"}]
     search = {"roots": 1, "points": 1, "candidates": 1, "student_continuations": 1, "candidate_continuations": 1,

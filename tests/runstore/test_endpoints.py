@@ -28,8 +28,8 @@ SECRET = "sk-worker-secret-do-not-leak"
 BAIT_ENV = "SPROUT_ENDPOINT_TEST_BAIT"  # a variable of the worker's environment a submitter would like to read
 BAIT = "sk-bait-do-not-leak"
 ANSWER = [{"content": json.dumps({"branch_points": []})}] * 4
-INPUT = {"instruction": "fix add()", "steps": [], "verifier_output": "FAILED test_add", "reward": 0.0, "n": 1,
-         "step_limit": 10}
+INPUT = {"instruction": "fix add()", "steps": [], "verifier_output": "FAILED test_add", "reward": 0.0, "points": 1,
+         "max_calls": 10}
 
 
 @dataclass
@@ -75,7 +75,7 @@ def live(tmp_path_factory) -> Iterator[Live]:
 
 
 def review_payload(endpoint: dict) -> dict:
-    return {"reviewer": {"model": "reviewer", "endpoint": endpoint, "retries": 0}, "input": INPUT,
+    return {"reviewer": {"model": "reviewer", "retries": 0}, "endpoint": endpoint, "input": INPUT,
             "review_id": "r1", "round": 1, "reviewed": "a1"}
 
 
@@ -97,7 +97,7 @@ def test_a_named_endpoint_is_called_with_the_workers_configured_key(live):
     live.keyed.reset()
     job = run(live, review_payload({"name": "default"}))
     assert job.state == "succeeded", job.error
-    assert job.payload["reviewer"]["endpoint"]["name"] == "default"
+    assert job.payload["endpoint"]["name"] == "default"
     assert [r["status"] for r in live.keyed.requests] == [200]  # 401 unless it carries the configured key
     assert job.result["endpoint_host"] == live.keyed.base_url.split("/")[2]
 
@@ -142,9 +142,8 @@ def test_a_name_the_worker_lacks_fails_the_job_without_any_call(live):
 
 @pytest.mark.parametrize(("kind", "payload", "problem"), [
     ("review", review_payload({"url": "http://127.0.0.1:1/v1", "key_env": BAIT_ENV}),
-     "reviewer.endpoint.key_env: Extra inputs are not permitted"),
-    ("review", {**review_payload({"name": "default"}),
-                "reviewer": {"model": "m", "endpoint": {"name": "default"}, "key_env": BAIT_ENV}},
+     "endpoint.key_env: Extra inputs are not permitted"),
+    ("review", {**review_payload({"name": "default"}), "reviewer": {"model": "m", "key_env": BAIT_ENV}},
      "reviewer.key_env: Extra inputs are not permitted"),
     ("rollout", {"task": "t", "model": "m", "options": {"endpoint": {"url": "http://127.0.0.1:1/v1"},
                                                         "key_env": BAIT_ENV, "journal": "/tmp/j.jsonl"}},

@@ -25,8 +25,9 @@ pytestmark = pytest.mark.python_only  # needs no podman (pytest -m python_only)
 GATE = {"task_dir": "tasks/t1"}
 
 
-REVIEW = {"reviewer": {"model": "m", "endpoint": {"url": "http://127.0.0.1:1/v1"}}, "input": {}, "review_id": "r1",
-          "round": 1, "reviewed": "a1"}
+REVIEW = {"reviewer": {"model": "m"}, "endpoint": {"url": "http://127.0.0.1:1/v1"},
+          "input": {"instruction": "fix it", "steps": [], "verifier_output": "", "reward": 0.0, "points": 1,
+                    "max_calls": 10}, "review_id": "r1", "round": 1, "reviewed": "a1"}
 
 
 def gate(store: RunStore, **opts: object):

@@ -39,7 +39,7 @@ from ..jobs.journals import release
 from ..jobs.local import LocalJobs
 from ..jobs.remote import RunStoreJobs, configured_client
 from ..method.budget import equal_budget
-from ..method.review import ReviewerConfig
+from ..method.review import Reviewer, ReviewerConfig
 from ..method.search import MethodConfig, run_method, wave_size
 from ..sandbox import Store, backends, trust
 from ..sandbox.slots import SLOTS_ENV, host_slot_count
@@ -251,8 +251,8 @@ def evaluate(args: argparse.Namespace) -> EvaluationSummary:
                                   affinity_timeout_s=args.affinity_timeout, backend=args.backend)
         summary.runstore = client.url
         console.print(f"  running as Run Store jobs at {client.url} (group {jobs.group_id})", markup=False)
-    reviewer = ReviewerConfig(model=config.review_model, endpoint=review_endpoint, retries=args.review_retries,
-                              seed=args.seed) if review_endpoint else None
+    reviewer = Reviewer(ReviewerConfig(model=config.review_model, retries=args.review_retries, seed=args.seed),
+                        review_endpoint) if review_endpoint else None
     executor = TaskExecutor(
         store=store, jobs=jobs, task=task, image=image, reviewer=reviewer, out=args.output,
         agent=AgentConfig(model=args.model, endpoint=endpoint, model_class=args.model_class, wall_time_s=wall_time,

@@ -31,7 +31,7 @@ from ..errors import SproutError
 from ..jobs.journals import discard
 from ..jobs.local import Jobs, RolloutDone, RolloutRequest
 from ..method.records import AttemptPlan, AttemptRecord, ReviewRecord
-from ..method.review import ReviewerConfig, ReviewInput
+from ..method.review import Reviewer, ReviewInput
 from ..method.trajectory import trajectory
 from ..sandbox import Store
 from ..tasks import TaskImage
@@ -48,7 +48,7 @@ class AgentConfig:
 
 class TaskExecutor:
     def __init__(self, *, store: Store, jobs: Jobs, task: Task, image: TaskImage, agent: AgentConfig,
-                 reviewer: ReviewerConfig | None, out: Path, recorded_attempts: Iterable[AttemptRecord] = (),
+                 reviewer: Reviewer | None, out: Path, recorded_attempts: Iterable[AttemptRecord] = (),
                  recorded_reviews: Iterable[ReviewRecord] = (), on_record: Callable[[], None] = lambda: None,
                  on_turn: Callable[[str, TurnEvent], None] | None = None, log: Callable[[str], None] = print):
         self.store, self.jobs, self.task, self.image = store, jobs, task, image
@@ -200,11 +200,8 @@ class TaskExecutor:
             return recorded
         if self.reviewer is None:
             raise SproutError("this method has no reviewer")
-        by_id = {a.id: a for a in attempts}
-        inp = ReviewInput(instruction=self.task.instruction, steps=trajectory(target, by_id, self._journal),
-                          verifier_output=self._verifier_text(target), reward=target.reward, n=n,
-                          step_limit=target.step_limit)
-        self.log(f"{review_id}: reviewing {target.id} with {self.reviewer.model}")
+        inp = self.review_input(target, n, attempts)
+        self.log(f"{review_id}: reviewing {target.id} with {self.reviewer.config.model}")
         record = self.jobs.review(self.reviewer, inp, review_id=review_id, round_number=round_number,
                                      reviewed=target.id)
         path = self.out / "reviews" / f"{review_id}.json"
@@ -215,6 +212,13 @@ class TaskExecutor:
         chosen = ", ".join(f"turn {p.turn} ({p.reason})" for p in record.branch_points)
         self.log(f"{review_id}: {'FALLBACK ' + record.fallback + '; ' if record.fallback else ''}branch from {chosen}")
         return record
+
+    def review_input(self, target: AttemptRecord, n: int, attempts: Sequence[AttemptRecord]) -> ReviewInput:
+        """What the review of `target` reads (its whole trajectory, its verifier's output) and is asked for."""
+        return ReviewInput(instruction=self.task.instruction,
+                           steps=trajectory(target, {a.id: a for a in attempts}, self._journal),
+                           verifier_output=self._verifier_text(target), reward=target.reward, points=n,
+                           max_calls=target.step_limit)
 
     def _verifier_text(self, attempt: AttemptRecord) -> str:
         text = (self.out / attempt.verifier_output).read_text(errors="replace") if attempt.verifier_output else ""

@@ -21,7 +21,7 @@ from harbor.models.task.task import Task
 from ..agent.journal import Outcome
 from ..agent.runner import RolloutCancelled, RolloutSpec, TurnEvent, run_rollout
 from ..method.records import ReviewRecord
-from ..method.review import ReviewerConfig, ReviewInput, review
+from ..method.review import Reviewer, ReviewInput
 from ..sandbox import Image, Sandbox, Store
 from ..sandbox.slots import HostSlots, SlotWaitStopped
 from ..tasks import GradeResult, grade, start_task_sandbox
@@ -55,7 +55,7 @@ class Jobs(Protocol):
 
     def grade(self, checkpoint: str, host: str | None, trial_dir: Path) -> GradeResult: ...
 
-    def review(self, config: ReviewerConfig, inp: ReviewInput, *, review_id: str, round_number: int,
+    def review(self, reviewer: Reviewer, inp: ReviewInput, *, review_id: str, round_number: int,
                reviewed: str) -> ReviewRecord: ...
 
 
@@ -103,9 +103,9 @@ class LocalJobs:
         with self.slots.hold() if self.slots else nullcontext():
             return grade(self.store, self.store.checkpoint(checkpoint), self.task, trial_dir=trial_dir)
 
-    def review(self, config: ReviewerConfig, inp: ReviewInput, *, review_id: str, round_number: int,
+    def review(self, reviewer: Reviewer, inp: ReviewInput, *, review_id: str, round_number: int,
                reviewed: str) -> ReviewRecord:
-        return review(config, inp, review_id=review_id, round_number=round_number, reviewed=reviewed)
+        return reviewer.review(inp, review_id=review_id, round_number=round_number, reviewed=reviewed)
 
 
 class LiveGrader:

@@ -12,7 +12,7 @@ import math
 import time
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -21,6 +21,7 @@ from ..agent.journal import Outcome
 from ..agent.models import Endpoint, SamplingParams
 from ..agent.runner import InsertedTurn, RolloutSpec
 from ..errors import SproutError
+from ..method.review import ReviewerConfig, ReviewInput
 from ..runstore.kinds import JobKinds, Payload
 from ..sandbox import backends
 from ..sandbox.backends import BackendName
@@ -67,17 +68,6 @@ class RolloutPayload(Payload):
     options: RolloutOptions
 
 
-class ReviewerSpec(Payload):
-    """The reviewer of a review job (sprout.method.review.ReviewerConfig, its endpoint as a reference)."""
-
-    model: str
-    endpoint: EndpointRef
-    retries: int = Field(2, ge=0)
-    seed: int = 0
-    temperature: float = 0.0
-    timeout_s: float = Field(600.0, gt=0)
-
-
 class GradePayload(Payload):
     """Grade a checkpoint against a task's verifier."""
 
@@ -104,11 +94,12 @@ class SweGradePayload(Payload):
 
 
 class ReviewPayload(Payload):
-    """Review a failed trajectory (sprout.method.review): the reviewer and the ReviewInput
-    (instruction, steps, verifier output), as JSON."""
+    """Review a failed trajectory (sprout.method.review): how the reviewer is asked, where it is served (a
+    workers' endpoint, or a plain URL), and what it reads."""
 
-    reviewer: ReviewerSpec
-    input: dict[str, Any]
+    reviewer: ReviewerConfig
+    endpoint: EndpointRef
+    input: ReviewInput
     review_id: str
     round: int = Field(ge=1)
     reviewed: str

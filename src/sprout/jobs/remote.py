@@ -18,13 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import TypeAdapter
-
 from ..agent.journal import read_journal
 from ..agent.runner import RolloutCancelled, TurnEvent
 from ..errors import SproutError
 from ..method.records import ReviewRecord
-from ..method.review import ReviewerConfig, ReviewInput
+from ..method.review import Reviewer, ReviewInput
 from ..runstore.errors import RunStoreError
 from ..runstore.kinds import Payload
 from ..runstore.models import Job
@@ -34,7 +32,6 @@ from .endpoints import endpoint_ref
 from .local import RolloutDone, RolloutRequest
 from .payloads import (
     GradePayload,
-    ReviewerSpec,
     ReviewPayload,
     RolloutResult,
     kind_of,
@@ -43,7 +40,6 @@ from .payloads import (
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 WAIT_S = 1.0  # one long-poll of a job's group events: a stop is acted on within this
-REVIEW_INPUT = TypeAdapter(ReviewInput)
 
 
 def configured_client():
@@ -155,11 +151,9 @@ class RunStoreJobs:
         result = run_job(self.client, payload, group_id=self.group_id, **self._affinity(host))
         return GradeResult.model_validate(result)
 
-    def review(self, config: ReviewerConfig, inp: ReviewInput, *, review_id: str, round_number: int,
+    def review(self, reviewer: Reviewer, inp: ReviewInput, *, review_id: str, round_number: int,
                reviewed: str) -> ReviewRecord:
-        reviewer = ReviewerSpec(model=config.model, endpoint=endpoint_ref(config.endpoint), retries=config.retries,
-                                seed=config.seed, temperature=config.temperature, timeout_s=config.timeout_s)
-        payload = ReviewPayload(reviewer=reviewer, input=REVIEW_INPUT.dump_python(inp, mode="json"),
+        payload = ReviewPayload(reviewer=reviewer.config, endpoint=endpoint_ref(reviewer.endpoint), input=inp,
                                 review_id=review_id, round=round_number, reviewed=reviewed)
         return ReviewRecord.model_validate(run_job(self.client, payload, group_id=self.group_id))
 

@@ -1,9 +1,9 @@
 """What the method decides and records: attempts, reviews and their branch points."""
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field
 
 from ..agent.journal import now
 
@@ -11,14 +11,32 @@ AttemptKind = Literal["first", "branch", "restart"]
 Verdict = Literal["pass", "fail", "error", "cancelled"]  # cancelled: not graded
 
 
+def _no_bool(value: object) -> object:
+    if isinstance(value, bool):  # JSON's true is no turn number (pydantic would read it as 1)
+        raise ValueError("a turn is a number, not a boolean")
+    return value
+
+
+TurnNumber = Annotated[int, BeforeValidator(_no_bool)]
+
+
+class Repair(BaseModel):
+    """A turn to execute at a point (the RL search's repairs): the reviewer's reasoning, in the agent's own
+    voice, and one command. Keys a reviewer adds of its own are ignored."""
+
+    reasoning: str = Field(min_length=1)
+    command: str = Field(min_length=1)
+
+
 class BranchPoint(BaseModel):
     """One turn to go back to: the sandbox as it was after `turn` (0: from the start), before the mistake."""
 
-    turn: int = Field(ge=0, description="resume from the state right after this turn; 0 starts over")
-    mistake_turn: int = Field(ge=1, description="the turn where the mistake happened (after `turn`)")
+    turn: TurnNumber = Field(ge=0, description="resume from the state right after this turn; 0 starts over")
+    mistake_turn: TurnNumber = Field(ge=1, description="the turn where the mistake happened (after `turn`)")
     mistake: str = Field(min_length=1, max_length=2000, description="what went wrong at mistake_turn")
     reason: str = Field(min_length=1, max_length=2000, description="why going back to `turn` helps")
     note: str = Field(min_length=1, max_length=4000, description="what the agent is told when it resumes")
+    repairs: list[Repair] = Field([], description="turns to execute there first (the RL search asks for them)")
 
 
 class ReviewAnswer(BaseModel):
@@ -28,8 +46,9 @@ class ReviewAnswer(BaseModel):
 
 
 class ReviewTry(BaseModel):
-    """One call to the reviewer: its raw answer (capped) and what was wrong with it."""
+    """One call to the reviewer: what it was asked for, its raw answer (capped) and what was wrong with it."""
 
+    purpose: Literal["points", "repairs"] = "points"
     raw: str
     problems: list[str] = []
     accepted: bool = False
@@ -39,13 +58,17 @@ class ReviewTry(BaseModel):
 
 
 class ReviewRecord(BaseModel):
-    id: str  # r1, r2, ... (one per round)
+    """What one review decided, and how (sprout.method.review): kept beside an evaluation's attempts, and
+    beside an RL search group's journals (a restarted process reads it back instead of asking again)."""
+
+    id: str  # r1, r2, ... (one per round); in the RL search, round-<n>-<reviewed sample>
     round: int
-    reviewed: str  # the attempt reviewed
+    reviewed: str  # the attempt reviewed (an evaluation's attempt id; the RL search's journal)
     model: str
     endpoint_host: str
     branch_points: list[BranchPoint]
     fallback: str | None = None  # why the fallback rule chose the points; None when the reviewer did
+    refused: str | None = None  # the endpoint refused the call (401, 403, 404): no points, none invented
     tries: list[ReviewTry] = []
     tokens_in: int = 0
     tokens_out: int = 0

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ..agent import defaults
 from ..errors import SproutError
+from ..method.review import ReviewerConfig
 from ..sandbox import backends
 from ..sandbox.backends import BackendName
 from ..tasks.pull import PullPolicy
@@ -62,22 +63,17 @@ DEFAULT_CONTINUATION = ("You are continuing this task from a saved point of an e
                         "was then. Keep working on the task, then submit.")
 
 
-class ReviewConfig(_Config):
-    """The reviewer of search groups: a model the operator configures (a request never names one)."""
+class ReviewConfig(ReviewerConfig):
+    """The reviewer of search groups, a model the operator configures (a request never names one): the one
+    reviewer config (sprout.method.review.ReviewerConfig: model, temperature, max_output_tokens,
+    prompt_chars, reasoning_effort, max_concurrent_requests, ...) and where it is served."""
 
     profile: Literal["review"] = "review"
-    endpoint: str  # a Chat Completions base URL (…/v1)
-    model: str
-    api_key_env: str | None = None  # the variable holding its key; default miles.api_key_env
-    temperature: float = Field(0.8, ge=0)
-    max_output_tokens: int = Field(32768, ge=16)  # per call
-    prompt_chars: int = Field(250_000, ge=2_000)  # the review prompt is cut to this many characters
-    reasoning_effort: str | None = None  # sent as is when set
-    max_concurrent_requests: int = Field(8, ge=1)  # reviewer calls in flight, all groups together
-    timeout_s: float = Field(600.0, gt=0)  # one call, at most (and never past the review's deadline)
-    #: Sent as a user message before a branch continues, wrapped in <sprout_training_hint> and stripped at
-    #: export; "" sends none.
-    continuation_prompt: str = DEFAULT_CONTINUATION
+    endpoint: str = Field(description="a Chat Completions base URL (…/v1)")
+    api_key_env: str | None = Field(None, description="the variable holding its key (default: miles.api_key_env)")
+    continuation_prompt: str = Field(DEFAULT_CONTINUATION, description=(
+        "sent as a user message before a branch continues, wrapped in <sprout_training_hint> and stripped at "
+        'export; "" sends none'))
 
 
 class MilesSection(_Config):

@@ -20,13 +20,14 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
+from ..agent.models import Endpoint
 from ..errors import SproutError
+from ..method.review import Reviewer
 from ..sandbox import Store
-from .config import DriverConfig, ServedTask, served_task
+from .config import DriverConfig, ReviewConfig, ServedTask, served_task
 from .ledger import DELETING, LIVE, GroupRow, Ledger
 from .outcome import annotate, root_counts
 from .protocol import TERMINAL_STATUSES, RolloutGroupAck, RolloutGroupRequest, RolloutGroupResult
-from .review import Reviewer
 from .samples import SampleBackend, SamplePlan, SampleResult, policy_endpoint, sample_result
 
 log = logging.getLogger("sprout.rl_driver")
@@ -35,6 +36,11 @@ ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 MARGIN, MAX_MARGIN_S = 0.2, 10.0  # a group is finished this share of its finalization (at most 10 s) early
 OUT_OF_TIME = "did not finish within the group's wall time and finalization"
 STOP_GRACE_S = 15.0  # how long stopped samples get to end before the group is finished without them
+
+
+def review_client(review: ReviewConfig, key_env: str | None) -> Reviewer:
+    """The reviewer of search groups, called at its configured URL with its key (or the policy's)."""
+    return Reviewer(review, Endpoint(review.endpoint.rstrip("/"), key_env=review.api_key_env or key_env))
 
 
 class GroupConflict(SproutError):
@@ -60,7 +66,7 @@ class Driver:
         self._closing = False  # shutting down: running groups stay unfinished for the next driver
         self.store = Store(runtime_bin=config.runtime_bin)  # this host's: test paths, checkpoint release
         review = config.miles.review
-        self.reviewer = Reviewer(review, config.miles.api_key_env) if review else None  # search groups only
+        self.reviewer = review_client(review, config.miles.api_key_env) if review else None  # search groups only
 
     def start(self) -> None:
         """Carries on every group a previous driver process left unfinished (and forgets those it was

@@ -21,7 +21,8 @@ the roots' agents stop at submission + wall time and are graded within the final
 has `review_seconds` for its reviews and `wall_time_seconds` for its branches' agents (cut so that half
 the finalization is left for grading before the group's end; a round left with less than MIN_BRANCH_S is
 not started), and its grades within the finalization. A review that fails in a way nothing foresaw gets
-the fallback points rather than failing the group.
+the fallback points rather than failing the group; a reviewer endpoint that refuses the call (401, 403,
+404: its configuration is wrong) ends the search there, logged, with no branch from that review.
 
 A restarted driver runs the same search: reviews are stored in the group's directory and read back, and
 the plan is a function of them and of the ledger, so the same branches land in the same slots; finished
@@ -37,15 +38,19 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from ..agent.journal import read_journal
 from ..agent.runner import INSERTED, InsertedTurn
+from ..method.records import Repair, ReviewRecord
+from ..method.review import ReviewerRefused, ReviewInput
+from ..method.trajectory import history
 from ..tasks import GradeResult
 from .config import ServedTask
 from .leaks import leak_terms, message_text, task_terms
 from .ledger import UNFINISHED, GroupRow
 from .outcome import failed, resolved, root_counts, search_outcome
 from .protocol import HINT_CLOSE, HINT_OPEN, RolloutGroupRequest
-from .review import Repair, ReviewTask, SearchReview
 from .samples import BranchStart, prompt_text
 
 if TYPE_CHECKING:
@@ -62,6 +67,18 @@ class Planned:
     start: BranchStart
     label: str
     search: dict[str, Any]
+
+
+@dataclass
+class ReviewAsk:
+    """A review a round asks for: of `source` (a sample's trajectory), up to `points` points with `candidates`
+    repairs each, from `first_turn` on, done by `deadline` (unix time)."""
+
+    source: dict
+    points: int
+    candidates: int
+    first_turn: int
+    deadline: float
 
 
 @dataclass
@@ -84,8 +101,9 @@ class SearchRun:
 
         self.driver, self.group, self.request, self.task, self.stop = driver, group, request, task, stop
         self.spec = request.search
-        assert self.spec is not None and driver.reviewer is not None
+        assert self.spec is not None and driver.reviewer is not None and driver.config.miles.review is not None
         self.reviewer = driver.reviewer
+        self.continuation_prompt = driver.config.miles.review.continuation_prompt
         self.finish = finish_by(group, request)
         self.finalization = request.finalization_timeout_seconds
         self.reviews = driver.group_dir(group) / "reviews"
@@ -147,10 +165,10 @@ class SearchRun:
         spec = self.spec
         tasks = [self._review_task(root, spec.points, spec.candidates if repairing else 0, 1, review_by)
                  for root in reviewed]
-        reviews = self._reviews(1, reviewed, tasks)
+        reviews = self._reviews(1, tasks)
         planned: list[Planned] = []
         for root, review in zip(reviewed, reviews, strict=True):
-            for number, point in enumerate(review.points, start=1):
+            for number, point in enumerate(review.branch_points, start=1):
                 point_id = f"{root['branch_id']}-step{point.turn}"
                 start = self._start(root, root, point.turn)
                 base = {"point_id": point_id, "point": number, "step": point.turn, "round": 1,
@@ -175,12 +193,12 @@ class SearchRun:
             if repair is not None:
                 reviewed.append((chain, repair))
         tasks = [self._review_task(repair, 1, 1, chain.step + 1, review_by) for chain, repair in reviewed]
-        reviews = self._reviews(number, [source for _, source in reviewed], tasks)
+        reviews = self._reviews(number, tasks)
         planned: list[Planned] = []
         for (chain, repair), review in zip(reviewed, reviews, strict=True):
-            if not review.points or not review.points[0].repairs:
+            if not review.branch_points or not review.branch_points[0].repairs:
                 continue
-            point = review.points[0]
+            point = review.branch_points[0]
             base = {"point_id": chain.point_id, "point": chain.number, "step": point.turn, "round": number,
                     "parent_job_id": repair["branch_id"]}
             chain.step = point.turn
@@ -217,34 +235,37 @@ class SearchRun:
     def _start(self, root: dict, source: dict, turn: int) -> BranchStart:
         """Turn `turn` of the sample `source` (the root, or a failed repair of a later round)."""
         journal = Path(source["metadata"]["journal"])
-        prompt = self.reviewer.config.continuation_prompt
+        prompt = self.continuation_prompt
         return BranchStart(journal=journal, turn=turn, checkpoint=read_journal(journal).turn(turn).checkpoint or "",
                            host=source["metadata"].get("host"), note=f"{HINT_OPEN}{prompt}{HINT_CLOSE}" if prompt else None,
                            insert=None, root_branch_id=root["branch_id"])
 
-    def _review_task(self, source: dict, points: int, candidates: int, first_turn: int, deadline: float) -> ReviewTask:
-        journal = Path(source["metadata"]["journal"])
-        grade_file = journal.parent / "grade.json"
-        output = GradeResult.model_validate_json(grade_file.read_text()).verifier_output if grade_file.exists() else ""
-        return ReviewTask(instruction=prompt_text(self.request.prompt), journal=journal, verifier_output=output,
-                          points=points, candidates=candidates, max_turns=self.request.max_turns,
-                          first_turn=first_turn, deadline=deadline, stop=self.stop)
+    def _review_task(self, source: dict, points: int, candidates: int, first_turn: int, deadline: float) -> ReviewAsk:
+        return ReviewAsk(source, points, candidates, first_turn, deadline)
 
-    def _reviews(self, number: int, sources: list[dict], tasks: list[ReviewTask]) -> list[SearchReview]:
+    def _reviews(self, number: int, tasks: list[ReviewAsk]) -> list[ReviewRecord]:
         """The reviews of round `number`, all at once."""
         with ThreadPoolExecutor(max_workers=max(1, len(tasks)), thread_name_prefix="review") as pool:
-            return list(pool.map(self._review, [number] * len(tasks), sources, tasks))
+            return list(pool.map(self._review, [number] * len(tasks), tasks))
 
-    def _review(self, number: int, source: dict, task: ReviewTask) -> SearchReview:
-        """The review of `source` in round `number`: read back when a previous driver made it."""
+    def _review(self, number: int, ask: ReviewAsk) -> ReviewRecord:
+        """The review of `ask.source` in round `number`: read back when a previous driver made it."""
+        source = ask.source
         path = self.reviews / f"round-{number}-{source['branch_id']}.json"
-        if path.exists():
-            return SearchReview.model_validate_json(path.read_text())
+        kept = _read_review(path)
+        if kept is not None:
+            return kept
+        names = {"review_id": path.stem, "round_number": number, "reviewed": source["metadata"]["journal"]}
+        inp = None
         try:
-            review = self.reviewer.review(task)
+            inp = review_input(self.request, ask)
+            review = self.reviewer.review(inp, deadline=ask.deadline, stop=self.stop, **names)
+        except ReviewerRefused as e:  # the reviewer's configuration is wrong: no branches, and none invented
+            log.error("group %s: no branches from %s: %s", self.group.id, source["branch_id"], e)
+            return self.reviewer.refused(str(e), **names)
         except Exception as e:  # noqa: BLE001 - an answer or a journal nothing foresaw: the fallback, not a lost group
             log.exception("group %s: the review of %s failed", self.group.id, source["branch_id"])
-            review = self.reviewer.fallback(task, f"the review failed: {type(e).__name__}: {e}")
+            review = self.reviewer.fallback(inp, f"the review failed: {type(e).__name__}: {e}", **names)
         if self._stopping():
             return review  # cut short: not kept, a next driver asks again
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -269,6 +290,28 @@ class SearchRun:
         """Each slot's trajectory (None until it returned one), by position."""
         group = self.driver.ledger.group(self.group.id) or self.group
         return [s.trajectory if s.state == "done" else None for s in group.slots]
+
+
+def review_input(request: RolloutGroupRequest, ask: ReviewAsk) -> ReviewInput:
+    """What the review of `ask.source` reads (its history and its grade) and is asked for."""
+    journal = Path(ask.source["metadata"]["journal"])
+    grade_file = journal.parent / "grade.json"
+    grade = GradeResult.model_validate_json(grade_file.read_text()) if grade_file.exists() else None
+    return ReviewInput(instruction=prompt_text(request.prompt), steps=history(journal),
+                       verifier_output=grade.verifier_output if grade else "", reward=grade.reward if grade else None,
+                       points=ask.points, candidates=ask.candidates, first_turn=ask.first_turn,
+                       max_calls=request.max_turns)
+
+
+def _read_review(path: Path) -> ReviewRecord | None:
+    """A review a previous driver stored, or None (none, or one this version cannot read: asked again)."""
+    if not path.exists():
+        return None
+    try:
+        return ReviewRecord.model_validate_json(path.read_text())
+    except ValidationError:
+        log.warning("%s: a stored review this version cannot read; asking again", path)
+        return None
 
 
 def policy_messages(messages: list[dict]) -> list[dict]:

@@ -27,6 +27,7 @@ from ..jobs.payloads import (
     SweGradePayload,
     rollout_request,
 )
+from ..method.review import Reviewer
 from ..runstore.models import Claim
 from ..sandbox import Store
 from ..sandbox.errors import CheckpointNotFound
@@ -112,16 +113,9 @@ def swe_grade(claim: Claim, _stop: threading.Event) -> dict[str, Any]:
 
 def review(claim: Claim, _stop: threading.Event) -> dict[str, Any]:
     """A review of a failed trajectory (sprout.jobs.payloads.ReviewPayload)."""
-    from pydantic import TypeAdapter
-
-    from ..method.review import ReviewerConfig, ReviewInput
-    from ..method.review import review as run_review
-
     payload = ReviewPayload.model_validate(claim.job.payload)
-    reviewer = payload.reviewer
-    config = ReviewerConfig(endpoint=resolve(reviewer.endpoint), **reviewer.model_dump(exclude={"endpoint"}))
-    record = run_review(config, TypeAdapter(ReviewInput).validate_python(payload.input), review_id=payload.review_id,
-                        round_number=payload.round, reviewed=payload.reviewed)
+    record = Reviewer(payload.reviewer, resolve(payload.endpoint)).review(
+        payload.input, review_id=payload.review_id, round_number=payload.round, reviewed=payload.reviewed)
     return record.model_dump(mode="json")
 
 
