@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sprout.sandbox.podman import PODMAN
+from sprout.sandbox.podman import command as podman_command
 from tests.conftest import PYTHON_IMAGE, REPO
 from tests.registry import LocalRegistry
 from tests.tls_index import TlsIndex
@@ -26,7 +26,7 @@ def bench_like_dataset(registry: LocalRegistry, root: Path) -> Iterator[tuple[Pa
     try:
         for task, name in PUSHED.items():
             built = f"localhost/sprout-test/{task}-build:1"
-            subprocess.run([*PODMAN, "build", "--pull=never", "-q", "-t", built, str(FIXTURES / task / "environment")],
+            subprocess.run([*podman_command(), "build", "--pull=never", "-q", "-t", built, str(FIXTURES / task / "environment")],
                            check=True, capture_output=True)
             pushed.append(registry.push(built, name))
             registry.remove_local(built)
@@ -42,4 +42,4 @@ def bench_like_dataset(registry: LocalRegistry, root: Path) -> Iterator[tuple[Pa
     finally:
         index.close()
         for ref in pushed:
-            subprocess.run([*PODMAN, "rmi", ref], capture_output=True)
+            subprocess.run([*podman_command(), "rmi", ref], capture_output=True)

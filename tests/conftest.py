@@ -19,7 +19,7 @@ import pytest
 
 from sprout.sandbox import Store, btrfs
 from sprout.sandbox.errors import InUseError
-from sprout.sandbox.podman import PODMAN
+from sprout.sandbox.podman import command as podman_command
 from sprout.sandbox.store import default_root
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,7 +34,7 @@ def base_store() -> Store:
 
 
 def _podman_image_ids() -> set[str]:
-    listed = subprocess.run([*PODMAN, "images", "--all", "--quiet", "--no-trunc"], capture_output=True,
+    listed = subprocess.run([*podman_command(), "images", "--all", "--quiet", "--no-trunc"], capture_output=True,
                             text=True, check=True)
     return set(listed.stdout.split())
 
@@ -57,7 +57,7 @@ def images_made_are_removed() -> Iterator[None]:
             with suppress(InUseError):  # an image a leaked sandbox still uses stays
                 store.remove_image(image.key)
     if made := _podman_image_ids() - podman_before:
-        subprocess.run([*PODMAN, "rmi", "--force", "--ignore", *made], capture_output=True)
+        subprocess.run([*podman_command(), "rmi", "--force", "--ignore", *made], capture_output=True)
 
 
 @contextmanager

@@ -26,7 +26,7 @@ import urllib.request
 from pathlib import Path
 from typing import Self
 
-from sprout.sandbox.podman import PODMAN
+from sprout.sandbox.podman import command as podman_command
 from tests.conftest import free_port
 
 REGISTRY_BIN = Path("/usr/bin/docker-registry")
@@ -191,7 +191,7 @@ class LocalRegistry:
     # ------------------------------------------------------------------ podman
     def podman(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         """Runs podman (Sprout's runtime flags) with this registry's registries.conf."""
-        proc = subprocess.run([*PODMAN, *args], env={**os.environ, **self.env}, capture_output=True, text=True,
+        proc = subprocess.run([*podman_command(), *args], env={**os.environ, **self.env}, capture_output=True, text=True,
                               timeout=PODMAN_TIMEOUT_S, check=False)
         if check and proc.returncode != 0:
             raise RegistryError(f"podman {' '.join(args)} failed: {proc.stderr.strip().splitlines()[-1:]}")

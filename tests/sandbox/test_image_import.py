@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sprout.sandbox.podman import PODMAN
+from sprout.sandbox.podman import command as podman_command
 from tests.conftest import PYTHON_IMAGE
 from tests.sandbox.test_workdir import forget_image
 
@@ -71,12 +71,12 @@ def manifest(root: Path) -> dict[str, tuple]:
 @contextmanager
 def mounted(tag: str) -> Iterator[Path]:
     """The podman image's own filesystem, read through `podman image mount`."""
-    mountpoint = subprocess.run([*PODMAN, "image", "mount", tag], capture_output=True, text=True,
+    mountpoint = subprocess.run([*podman_command(), "image", "mount", tag], capture_output=True, text=True,
                                 check=True).stdout.strip()
     try:
         yield Path(mountpoint)
     finally:
-        subprocess.run([*PODMAN, "image", "unmount", tag], capture_output=True, check=True)
+        subprocess.run([*podman_command(), "image", "unmount", tag], capture_output=True, check=True)
 
 
 def disk_usage(path: Path) -> tuple[int, int]:
@@ -95,7 +95,7 @@ def test_an_image_built_on_a_store_image_shares_its_files_and_holds_exactly_its_
     (tmp_path / "Containerfile").write_text(
         f"FROM {PYTHON_IMAGE}\nCOPY mutate.py /mutate.py\nRUN python3 /mutate.py && rm /mutate.py\n")
     tag = "localhost/sprout-test/on-a-base:1"
-    subprocess.run([*PODMAN, "build", "-q", "--pull=never", "-t", tag, str(tmp_path)], check=True,
+    subprocess.run([*podman_command(), "build", "-q", "--pull=never", "-t", tag, str(tmp_path)], check=True,
                    capture_output=True)
     try:
         image = base_store.import_image(tag)

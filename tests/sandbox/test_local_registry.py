@@ -5,13 +5,13 @@ import os
 import subprocess
 import urllib.request
 
-from sprout.sandbox.podman import PODMAN
+from sprout.sandbox.podman import command as podman_command
 from tests.conftest import DEBIAN_IMAGE
 
 
 def podman(*args: str) -> subprocess.CompletedProcess:
     """podman as Sprout runs it: the process environment only (no extra env, no --tls-verify)."""
-    return subprocess.run([*PODMAN, *args], capture_output=True, text=True, timeout=600, check=False)
+    return subprocess.run([*podman_command(), *args], capture_output=True, text=True, timeout=600, check=False)
 
 
 def image_id(ref: str) -> str:
@@ -47,7 +47,7 @@ def test_push_remove_and_pull_back_through_the_local_registry(local_registry):
 def test_without_the_registries_conf_podman_refuses_plain_http(local_registry):
     """The registries.conf is what makes the pulls above work (podman defaults to HTTPS)."""
     env = {k: v for k, v in os.environ.items() if k != "CONTAINERS_REGISTRIES_CONF"}
-    proc = subprocess.run([*PODMAN, "pull", local_registry.ref("sprout-test/absent:1")], env=env,
+    proc = subprocess.run([*podman_command(), "pull", local_registry.ref("sprout-test/absent:1")], env=env,
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode != 0
     assert "server gave HTTP response to HTTPS client" in proc.stderr, proc.stderr

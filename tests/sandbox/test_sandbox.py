@@ -209,9 +209,9 @@ def test_image_config_is_applied(store, tmp_path):
         f"FROM {DEBIAN_IMAGE}\nRUN useradd -m agent && mkdir /work && chown agent /work\n"
         "ENV GREETING=hello\nWORKDIR /work\nUSER agent\n")
     tag = "localhost/sprout-test/config:1"
-    from sprout.sandbox.podman import PODMAN
+    from sprout.sandbox.podman import command as podman_command
 
-    subprocess.run([*PODMAN, "build", "-q", "--pull=never", "-t", tag, str(tmp_path)], check=True,
+    subprocess.run([*podman_command(), "build", "-q", "--pull=never", "-t", tag, str(tmp_path)], check=True,
                    capture_output=True)
     image = store.import_image(tag)
     assert image.config.user == "agent" and image.config.workdir == "/work"

@@ -76,7 +76,7 @@ def test_the_count_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("SPROUT_HOST_SLOTS", "3")
     assert host_slot_count() == 3
     monkeypatch.setenv("SPROUT_HOST_SLOTS", "none")
-    with pytest.raises(SproutError, match="SPROUT_HOST_SLOTS must be a whole number"):
+    with pytest.raises(SproutError, match="SPROUT_HOST_SLOTS='none' cannot be used: Input should be a valid integer"):
         host_slot_count()
     monkeypatch.delenv("SPROUT_HOST_SLOTS")
     assert host_slot_count() == max(4, 2 * (os.cpu_count() or 1))

@@ -7,7 +7,8 @@ from contextlib import suppress
 import pytest
 
 from sprout.sandbox import ImageNotFound, StoreError
-from sprout.sandbox.podman import PODMAN, inspect_image
+from sprout.sandbox.podman import command as podman_command
+from sprout.sandbox.podman import inspect_image
 from sprout.sandbox.rootfs import makedirs_in_root
 from tests.conftest import DEBIAN_IMAGE
 
@@ -16,13 +17,13 @@ def forget_image(store, tag: str) -> None:
     """Removes the image from the store and from podman."""
     with suppress(ImageNotFound):
         store.remove_image(store.image(tag).key)
-    subprocess.run([*PODMAN, "rmi", "-f", tag], capture_output=True)
+    subprocess.run([*podman_command(), "rmi", "-f", tag], capture_output=True)
 
 
 def test_a_missing_workdir_is_created_and_the_image_user_applies(store, tmp_path):
     tag = "localhost/sprout-test/bare-workdir:1"
     (tmp_path / "Containerfile").write_text(f"FROM {DEBIAN_IMAGE}\nWORKDIR /app/sub\nUSER 1000\n")
-    subprocess.run([*PODMAN, "build", "-q", "--pull=never", "-t", tag, str(tmp_path)], check=True,
+    subprocess.run([*podman_command(), "build", "-q", "--pull=never", "-t", tag, str(tmp_path)], check=True,
                    capture_output=True)
     try:
         sandbox = store.create_sandbox(store.import_image(tag))
@@ -40,7 +41,7 @@ def test_a_workdir_that_is_a_file_in_the_image_is_a_clear_error(base_store, tmp_
     (tmp_path / "app").write_text("not a directory")
     with tarfile.open(tmp_path / "rootfs.tar", "w") as tar:
         tar.add(tmp_path / "app", arcname="app")
-    subprocess.run([*PODMAN, "import", "--change", "WORKDIR=/app/sub", str(tmp_path / "rootfs.tar"), tag],
+    subprocess.run([*podman_command(), "import", "--change", "WORKDIR=/app/sub", str(tmp_path / "rootfs.tar"), tag],
                    check=True, capture_output=True)
     try:
         with pytest.raises(StoreError, match=f"image {tag}: its WORKDIR /app/sub exists but is not a dir"):

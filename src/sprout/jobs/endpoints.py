@@ -30,6 +30,7 @@ from pydantic import (
 
 from ..agent.models import Endpoint
 from ..errors import SproutError
+from ..settings import settings
 
 ENDPOINTS_ENV = "SPROUT_ENDPOINTS"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -92,9 +93,9 @@ def check_name(name: str) -> str:
     return name
 
 
-def worker_endpoints(environ: Mapping[str, str] = os.environ) -> dict[str, ConfiguredEndpoint]:
+def worker_endpoints() -> dict[str, ConfiguredEndpoint]:
     """This worker's configured endpoints, from $SPROUT_ENDPOINTS (JSON {name: {url, key_env}})."""
-    raw = environ.get(ENDPOINTS_ENV, "").strip()
+    raw = settings().endpoints.strip()
     if not raw:
         return {}
     try:

@@ -11,7 +11,6 @@ with no key. A branch or a grade prefers the host that holds its checkpoint; onc
 filesystem.
 """
 
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from ..runstore.errors import RunStoreError
 from ..runstore.kinds import Payload
 from ..runstore.models import Job
 from ..sandbox import backends
+from ..settings import settings
 from ..tasks import GradeResult
 from .endpoints import endpoint_ref
 from .local import RolloutDone, RolloutRequest
@@ -44,7 +44,8 @@ WAIT_S = 1.0  # one long-poll of a job's group events: a stop is acted on within
 
 def configured_client():
     """A Run Store client from the environment, or None when no Run Store is configured."""
-    if not (os.environ.get("SPROUT_RUNSTORE_URL") and os.environ.get("SPROUT_RUNSTORE_TOKEN")):
+    config = settings()
+    if not (config.runstore_url and config.runstore_token):
         return None
     from ..runstore.client import RunStoreClient
 

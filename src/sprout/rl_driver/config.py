@@ -24,6 +24,7 @@ from ..errors import SproutError
 from ..method.review import ReviewerConfig
 from ..sandbox import backends
 from ..sandbox.backends import BackendName
+from ..settings import settings
 from ..tasks.pull import PullPolicy
 from ..tasks.swe_rebench import SweRebenchRef
 
@@ -117,7 +118,7 @@ class DriverConfig(_Config):
 
     def runstore(self) -> tuple[str, str] | None:
         """The Run Store's URL and token when both are configured, else None (samples run here)."""
-        url = self.runstore_url or os.environ.get("SPROUT_RUNSTORE_URL")
+        url = self.runstore_url or settings().runstore_url
         token = os.environ.get(self.runstore_token_env, "")
         return (url, token) if url and token else None
 

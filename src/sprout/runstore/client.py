@@ -9,7 +9,6 @@ retried submit cannot create a second job.
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -18,6 +17,7 @@ from typing import Any, Self
 import httpx
 from pydantic import TypeAdapter
 
+from ..settings import settings
 from . import sse
 from .errors import ERRORS_BY_NAME, ApiError, Forbidden, RunStoreError, Unauthorized
 from .models import (
@@ -66,8 +66,8 @@ class RunStoreClient:
     @classmethod
     def from_env(cls, **kwargs: Any) -> RunStoreClient:
         """A client for ``SPROUT_RUNSTORE_URL`` with the token ``SPROUT_RUNSTORE_TOKEN``."""
-        url = os.environ.get("SPROUT_RUNSTORE_URL")
-        token = os.environ.get("SPROUT_RUNSTORE_TOKEN")
+        config = settings()
+        url, token = config.runstore_url, config.runstore_token
         missing = [
             name
             for name, value in (("SPROUT_RUNSTORE_URL", url), ("SPROUT_RUNSTORE_TOKEN", token))

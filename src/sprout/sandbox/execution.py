@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .podman import PODMAN
+from .podman import command as podman_command
 from .runtime import kill_new_processes, processes
 
 DEFAULT_MAX_OUTPUT = 1 << 20
@@ -124,7 +124,7 @@ def run_via_runtime(runtime_bin: Path, profile: Path, argv: list[str], cwd: str,
 def run_via_podman(container: str, profile: dict, argv: list[str], cwd: str, user: str,
                    env: dict[str, str], timeout: float | None, max_output: int) -> ExecResult:
     started = time.monotonic()
-    cmd = [*PODMAN, "exec", "--workdir", cwd]
+    cmd = [*podman_command(), "exec", "--workdir", cwd]
     if user:
         cmd += ["--user", user]
     for key, value in env.items():

@@ -81,7 +81,7 @@ def _copy_file_in(source: Path, host: Path, owner: tuple[int, int]) -> None:
     os.chown(host, *owner)
 
 
-def _copy_out(root: Path, source: str, target: Path, max_bytes: int = rootfs.MAX_COPY_BYTES) -> bool:
+def _copy_out(root: Path, source: str, target: Path, max_bytes: int | None = None) -> bool:
     """rootfs.copy_out with its refusals as TransferError (the sandbox is live while this reads it)."""
     try:
         return rootfs.copy_out(root, source, target, max_bytes)

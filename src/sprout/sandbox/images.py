@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import shell
-from .podman import PODMAN
+from .podman import command as podman_command
 
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 RECIPE_LABEL = "sprout.recipe"
@@ -58,7 +58,7 @@ RECIPES = (
 
 def image_ids_by_name() -> dict[str, str]:
     """Every name podman knows (registry/repo:tag) -> image id, in one podman call."""
-    out = shell.output([*PODMAN, "images", "--noheading", "--no-trunc", "--format", "{{.Repository}}:{{.Tag}} {{.ID}}"])
+    out = shell.output([*podman_command(), "images", "--noheading", "--no-trunc", "--format", "{{.Repository}}:{{.Tag}} {{.ID}}"])
     return dict(line.split() for line in out.splitlines() if line.strip() and "<none>" not in line)
 
 
@@ -79,9 +79,9 @@ def bootstrap(recipe: Recipe, cache_dir: Path, log=print) -> str:
         changes = [f"ENV={k}={v}" for k, v in recipe.env] + [f"CMD={json.dumps(list(recipe.cmd))}",
                                                             f"LABEL={RECIPE_LABEL}={recipe.digest}"]
         args = [arg for change in changes for arg in ("--change", change)]
-        shell.run([*PODMAN, "import", *args, str(tarball), reference], what=f"podman import {recipe.name}")
+        shell.run([*podman_command(), "import", *args, str(tarball), reference], what=f"podman import {recipe.name}")
         names = image_ids_by_name()
     for tag in (f"localhost/{recipe.name}:latest", *recipe.tags):
         if names.get(tag) != names[reference]:
-            shell.run([*PODMAN, "tag", reference, tag], what="podman tag")
+            shell.run([*podman_command(), "tag", reference, tag], what="podman tag")
     return reference

@@ -2,21 +2,16 @@
 
 import functools
 import json
-import os
 import resource
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..settings import settings
 from . import shell
 from .errors import CommandError, ImageNotFound
 
-RUNTIME = os.environ.get("SPROUT_OCI_RUNTIME", "runc")
-CGROUP_MANAGER = os.environ.get("SPROUT_CGROUP_MANAGER", "cgroupfs")
-PODMAN = ["podman", "--runtime", RUNTIME, "--cgroup-manager", CGROUP_MANAGER, "--events-backend", "file"]
 NOFILE_WANTED = 1 << 20
 NPROC_WANTED = 32768  # podman caps its own (hence conmon and runc) nproc limit here
-START_TIMEOUT_S = float(os.environ.get("SPROUT_START_TIMEOUT", "120"))  # `podman run` of one sandbox
-NETWORK = os.environ.get("SPROUT_PODMAN_NETWORK", "podman")  # the network sandboxes with network are on
 ADDRESS_SET = "3"  # /sys/class/net/IF/addr_assign_type of an address set by hand (NET_ADDR_SET)
 
 
@@ -31,8 +26,21 @@ def ulimit_flags() -> list[str]:
     return flags
 
 
+def command() -> list[str]:
+    """`podman` with the OCI runtime and cgroup manager Sprout runs sandboxes with ($SPROUT_OCI_RUNTIME,
+    $SPROUT_CGROUP_MANAGER)."""
+    config = settings()
+    return ["podman", "--runtime", config.oci_runtime, "--cgroup-manager", config.cgroup_manager,
+            "--events-backend", "file"]
+
+
+def network() -> str:
+    """The podman network sandboxes with network are on ($SPROUT_PODMAN_NETWORK)."""
+    return settings().podman_network
+
+
 def podman(*args: str, **kwargs) -> str:
-    return shell.output([*PODMAN, *args], **kwargs)
+    return shell.output([*command(), *args], **kwargs)
 
 
 @dataclass
@@ -49,7 +57,7 @@ class ImageConfig:
 
 
 def inspect_image(name: str) -> ImageConfig:
-    proc = shell.run([*PODMAN, "image", "inspect", name], check=False)
+    proc = shell.run([*command(), "image", "inspect", name], check=False)
     if proc.returncode != 0:
         raise ImageNotFound(f"podman has no image {name!r} (build it, `podman import` it, or run "
                             "`python -m sprout.sandbox images bootstrap` for the base images)")
@@ -63,7 +71,7 @@ def inspect_image(name: str) -> ImageConfig:
 
 def image_layers(image_id: str) -> list[str]:
     """The digests of an image's layers' contents, bottom first ([] when podman no longer has it)."""
-    proc = shell.run([*PODMAN, "image", "inspect", "--format", "{{json .RootFS.Layers}}", image_id],
+    proc = shell.run([*command(), "image", "inspect", "--format", "{{json .RootFS.Layers}}", image_id],
                      check=False)
     return (json.loads(proc.stdout) or []) if proc.returncode == 0 else []
 
@@ -105,12 +113,12 @@ def run_container(spec: ContainerSpec) -> str:
         args += ["--cpus", str(spec.cpus)]
     for source, target, options in spec.mounts:
         args += ["--volume", f"{source}:{target}:{options}"]
-    args += ["--network", NETWORK if spec.network else "none"]
+    args += ["--network", network() if spec.network else "none"]
     args += ["--rootfs", spec.rootfs, "sleep", "infinity"]
     try:
-        container_id = podman(*args, what="podman run", timeout=START_TIMEOUT_S)
+        container_id = podman(*args, what="podman run", timeout=settings().start_timeout)
     except CommandError:
-        shell.run([*PODMAN, "rm", "-f", "-t", "0", spec.name], check=False)
+        shell.run([*command(), "rm", "-f", "-t", "0", spec.name], check=False)
         raise
     if spec.network:
         pin_bridge_address()
@@ -118,15 +126,15 @@ def run_container(spec: ContainerSpec) -> str:
 
 
 def set_network(container: str, enabled: bool) -> None:
-    """Connects the running container to NETWORK, or disconnects it (it keeps only loopback)."""
-    podman("network", "connect" if enabled else "disconnect", NETWORK, container,
+    """Connects the running container to the sandboxes' network, or disconnects it (it keeps only loopback)."""
+    podman("network", "connect" if enabled else "disconnect", network(), container,
            what=f"podman network {'connect' if enabled else 'disconnect'}")
     if enabled:
         pin_bridge_address()
 
 
 def pin_bridge_address() -> None:
-    """Fixes the MAC address of NETWORK's bridge at its present value. A Linux bridge whose address was
+    """Fixes the MAC address of the sandboxes' network's bridge at its present value. A Linux bridge whose address was
     never set takes the lowest of its ports' addresses, so it changes whenever a container joins or leaves
     (netavark makes the bridge with none set): the other containers' ARP entries for their gateway then
     point nowhere, and their traffic to the host and beyond is lost for seconds."""
@@ -141,9 +149,10 @@ def pin_bridge_address() -> None:
 
 @functools.cache
 def bridge_name() -> str | None:
-    """The host interface of NETWORK (e.g. podman0), None when it is not a bridge."""
-    network = json.loads(podman("network", "inspect", NETWORK, what=f"podman network inspect {NETWORK}"))[0]
-    return network.get("network_interface") if network.get("driver") == "bridge" else None
+    """The host interface of the sandboxes' network (e.g. podman0), None when it is not a bridge."""
+    name = network()
+    found = json.loads(podman("network", "inspect", name, what=f"podman network inspect {name}"))[0]
+    return found.get("network_interface") if found.get("driver") == "bridge" else None
 
 
 def connected(pid: int) -> bool:
@@ -157,7 +166,7 @@ def connected(pid: int) -> bool:
 
 
 def remove_container(name: str) -> None:
-    shell.run([*PODMAN, "rm", "-f", "-t", "0", name], check=False)
+    shell.run([*command(), "rm", "-f", "-t", "0", name], check=False)
 
 
 def container_names(label: str) -> dict[str, str]:

@@ -12,6 +12,7 @@ import os
 import stat
 from pathlib import Path
 
+from ..settings import settings
 from .errors import SproutError
 
 SYS_OPENAT2 = 437  # the same number on every architecture (new syscalls share one table)
@@ -19,7 +20,6 @@ RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_IN_ROOT = 0x10
 O_PATH = getattr(os, "O_PATH", 0o10000000)
 DEFAULT_MAX_BYTES = 4 << 20
-MAX_COPY_BYTES = int(os.environ.get("SPROUT_MAX_COPY_OUT_BYTES", str(1 << 30)))  # one file copied out
 CHUNK = 1 << 20
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -105,9 +105,11 @@ def _open_regular(root: Path, path: str) -> int | None:
         os.close(handle)
 
 
-def copy_out(root: Path, path: str, target: Path, max_bytes: int = MAX_COPY_BYTES) -> bool:
+def copy_out(root: Path, path: str, target: Path, max_bytes: int | None = None) -> bool:
     """Copies the regular file `path` inside the sandbox to `target` on the host; False when there is
-    no such file. Raises UnsafeFile for a special file or one larger than `max_bytes`."""
+    no such file. Raises UnsafeFile for a special file or one larger than `max_bytes` (default
+    $SPROUT_MAX_COPY_OUT_BYTES)."""
+    max_bytes = max_bytes or settings().max_copy_out_bytes
     fd = _open_regular(root, path)
     if fd is None:
         return False

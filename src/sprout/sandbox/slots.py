@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..settings import settings
 from .errors import SproutError
 
 SLOTS_ENV = "SPROUT_HOST_SLOTS"
@@ -28,12 +29,8 @@ class SlotWaitStopped(SproutError):
 
 
 def host_slot_count() -> int:
-    value = os.environ.get(SLOTS_ENV, "").strip()
-    if not value:
-        return max(4, 2 * (os.cpu_count() or 1))
-    if not value.isdigit() or int(value) < 1:
-        raise SproutError(f"${SLOTS_ENV} must be a whole number of at least 1, got {value!r}")
-    return int(value)
+    """$SPROUT_HOST_SLOTS, else max(4, 2 x CPUs)."""
+    return settings().host_slots or max(4, 2 * (os.cpu_count() or 1))
 
 
 class HostSlots:

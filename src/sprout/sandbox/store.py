@@ -23,6 +23,7 @@ from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from ..settings import settings
 from . import backends, btrfs, confinement, podman, rootfs, shell, trust
 from .errors import (
     CheckpointNotFound,
@@ -46,12 +47,7 @@ DEFAULT_SHELL = ("bash", "-c")
 
 
 def default_root() -> Path:
-    return Path(os.environ.get("SPROUT_STORE", Path.home() / "sprout-btrfs")).expanduser()
-
-
-def default_runtime_bin() -> Path | None:
-    value = os.environ.get("SPROUT_RUNTIME_BIN")
-    return Path(value) if value else None
+    return settings().store_path()
 
 
 def _new_id(prefix: str) -> str:
@@ -237,7 +233,7 @@ class Store:
         backends.get(backend)  # an unknown name fails here, clearly
         self.backend = backend  # of the sandboxes made from images; a branch keeps its checkpoint's
         self.root = Path(root or default_root()).expanduser().absolute()
-        self.runtime_bin = runtime_bin if runtime_bin is not None else default_runtime_bin()
+        self.runtime_bin = runtime_bin if runtime_bin is not None else settings().runtime_bin
         self.owner = None if owner is None else {**owner, "host": socket.gethostname(), "pid": os.getpid(),
                                                  "start": confinement.proc_starttime(os.getpid())}
         ensure_mounted(self.root)
@@ -617,7 +613,7 @@ def _copy_image(reference: str, image_id: str, dest: Path) -> None:
                           "--checksum", "--modify-window=-1", "--delete", f"{mountpoint}/", f"{dest}/"],
                          check=False)
     finally:
-        shell.run([*podman.PODMAN, "image", "unmount", image_id], check=False)
+        shell.run([*podman.command(), "image", "unmount", image_id], check=False)
     if proc.returncode != 0:
         errors = [line for line in proc.stderr.decode(errors="replace").splitlines() if line.strip()]
         raise StoreError(f"copying {reference} into the store failed: {'; '.join(errors[:3])}")
@@ -629,7 +625,8 @@ def ensure_mounted(root: Path) -> None:
         root.mkdir(parents=True)
     if btrfs.is_btrfs(root):
         return
-    image = Path(os.environ.get("SPROUT_STORE_IMAGE", f"{root}.img"))
+    configured = settings().store_image
+    image = configured.expanduser() if configured else Path(f"{root}.img")
     if not image.exists():
         raise StoreError(f"no btrfs store at {root} (and no loop file {image}); run ops/setup_podman.sh "
                          "or set SPROUT_STORE to a btrfs directory")

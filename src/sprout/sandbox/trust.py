@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..settings import settings
 from .errors import SproutError
 
 CONTAINER_BUNDLE = "/usr/local/share/ca-certificates/sprout-host-ca.crt"
@@ -23,7 +24,6 @@ BUNDLE_VARIABLES = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "CURL_CA_
 PROXY_VARIABLES = tuple(name for upper in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY")
                         for name in (upper, upper.lower()))
 HOST_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem")
-OFF_VALUES = ("0", "false", "off")
 
 
 class HostTrustError(SproutError):
@@ -39,7 +39,7 @@ class HostTrust:
 
 def enabled_by_config() -> bool:
     """SPROUT_HOST_TRUST: on unless it says 0, false or off."""
-    return os.environ.get("SPROUT_HOST_TRUST", "1").strip().lower() not in OFF_VALUES
+    return settings().host_trust
 
 
 def host_trust(enabled: bool | None = None) -> HostTrust:
@@ -55,11 +55,11 @@ def host_trust(enabled: bool | None = None) -> HostTrust:
 def find_bundle() -> str | None:
     """SPROUT_HOST_CA_BUNDLE, else the host's SSL_CERT_FILE when it is a file, else the first usual path
     that exists (absolute). Raises HostTrustError for a SPROUT_HOST_CA_BUNDLE that is not a file."""
-    configured = os.environ.get("SPROUT_HOST_CA_BUNDLE")
+    configured = settings().host_ca_bundle
     if configured and not Path(configured).is_file():
         raise HostTrustError(f"SPROUT_HOST_CA_BUNDLE={configured} is not a file (point it at the host's CA "
                              "bundle, or set SPROUT_HOST_TRUST=0 to give containers none)")
-    candidates = [configured] if configured else [os.environ.get("SSL_CERT_FILE"), *HOST_BUNDLES]
+    candidates = [str(configured)] if configured else [os.environ.get("SSL_CERT_FILE"), *HOST_BUNDLES]
     bundle = next((str(Path(path).absolute()) for path in candidates if path and Path(path).is_file()), None)
     if bundle and ":" in bundle:
         raise HostTrustError(f"podman cannot mount the CA bundle {bundle} (a ':' in its path); set "

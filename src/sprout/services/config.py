@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..jobs.endpoints import KEY_ENV_PATTERN, ConfiguredEndpoint, check_name
+from ..settings import settings
 
 SECRET_MODE = 0o600
 SCOPES = ("admin", "worker", "submitter")
@@ -34,7 +35,7 @@ RL_DRIVER_CONFIG = "rl-driver.json"
 
 
 def config_dir() -> Path:
-    return Path(os.environ.get("SPROUT_CONFIG_DIR", Path.home() / ".config" / "sprout")).expanduser()
+    return settings().config_path()
 
 
 class ProxyConfig(BaseModel):

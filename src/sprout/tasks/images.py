@@ -29,7 +29,8 @@ from harbor.environments.definition import (
 from harbor.models.task.config import EnvironmentConfig
 
 from ..sandbox import Image, Store, trust
-from ..sandbox.podman import PODMAN, ulimit_flags
+from ..sandbox.podman import command as podman_command
+from ..sandbox.podman import ulimit_flags
 from .errors import TaskImageError
 from .pull import OFFLINE_HELP, PullError, PullPolicy, ensure_present, pull_policy
 
@@ -130,7 +131,7 @@ def _file_lock(path: Path) -> Iterator[None]:
 
 
 def _podman(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*PODMAN, *args], capture_output=True, text=True)
+    return subprocess.run([*podman_command(), *args], capture_output=True, text=True)
 
 
 def _created(reference: str) -> float | None:
@@ -207,7 +208,7 @@ def _kill_build_steps(pid: int) -> None:
 
 def _build(environment_dir: Path, tag: str, *, name: str, timeout: float, no_cache: bool,
            log_path: Path | None) -> None:
-    cmd = [*PODMAN, "build", "--pull=never", *ulimit_flags(), *trust.build_flags(trust.host_trust()), "-t", tag,
+    cmd = [*podman_command(), "build", "--pull=never", *ulimit_flags(), *trust.build_flags(trust.host_trust()), "-t", tag,
            "-f", str(environment_dir / DOCKERFILE_NAME)]
     if no_cache:
         cmd.append("--no-cache")

@@ -8,7 +8,6 @@ worker that waited while another pulled the same name uses that pull (even under
 
 import fcntl
 import hashlib
-import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,12 +18,13 @@ from typing import Literal, get_args
 
 from ..sandbox import Store
 from ..sandbox.errors import ImageNotFound
-from ..sandbox.podman import PODMAN, inspect_image
+from ..sandbox.podman import command as podman_command
+from ..sandbox.podman import inspect_image
+from ..settings import settings
 from .errors import TaskImageError
 
 PullPolicy = Literal["missing", "always", "never"]
 PULL_POLICIES: tuple[str, ...] = get_args(PullPolicy)
-PULL_TIMEOUT_S = float(os.environ.get("SPROUT_PULL_TIMEOUT", "1800"))
 OFFLINE_HELP = ("to provide it offline: `podman load -i IMAGE.tar` (a `podman save` of it from a host with a "
                 "registry), or `podman import ROOTFS.tar NAME`, or `python -m sprout.sandbox images bootstrap` for "
                 "the common base images (python:3.11/3.12, debian:bookworm, ubuntu:22.04/24.04)")
@@ -52,11 +52,11 @@ class Pulled:
 
 def pull_policy(value: str | None = None) -> PullPolicy:
     """The policy to use: `value` (a flag), else $SPROUT_PULL_POLICY, else `missing`."""
-    policy = value or os.environ.get("SPROUT_PULL_POLICY") or "missing"
-    if policy not in PULL_POLICIES:
-        source = "--pull" if value else "SPROUT_PULL_POLICY"
-        raise TaskImageError(f"{source} is {policy!r}; it must be one of {', '.join(PULL_POLICIES)}")
-    return policy  # type: ignore[return-value]
+    if value is None:
+        return settings().pull_policy
+    if value not in PULL_POLICIES:
+        raise TaskImageError(f"--pull is {value!r}; it must be one of {', '.join(PULL_POLICIES)}")
+    return value  # type: ignore[return-value]
 
 
 def image_id(reference: str) -> str | None:
@@ -109,11 +109,12 @@ def _pulled_after(marker: Path, since: float) -> bool:
 
 def _pull(reference: str) -> str | None:
     """Runs `podman pull`; None on success, else the registry's answer (podman's last error line)."""
+    timeout = settings().pull_timeout
     try:
-        proc = subprocess.run([*PODMAN, "pull", "--quiet", reference], capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, timeout=PULL_TIMEOUT_S)
+        proc = subprocess.run([*podman_command(), "pull", "--quiet", reference], capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return f"the pull took longer than {PULL_TIMEOUT_S:g}s (SPROUT_PULL_TIMEOUT)"
+        return f"the pull took longer than {timeout:g}s (SPROUT_PULL_TIMEOUT)"
     if proc.returncode == 0:
         return None
     lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]

@@ -14,6 +14,7 @@ from ..errors import SproutError
 from ..sandbox import Store, backends, podman, shell, trust
 from ..sandbox.backends import Check
 from ..sandbox.images import RECIPES
+from ..settings import settings
 
 MIN_FREE_BYTES = 5 << 30
 DEFAULT_RUNTIME = RUNTIME_LAUNCHER
@@ -57,13 +58,14 @@ def _free_space(store: Store) -> Check:
 def _podman() -> Check:
     if shutil.which("podman") is None:
         return Check("podman", False, "podman is not installed (run ops/setup_podman.sh)")
-    proc = shell.run([*podman.PODMAN, "info", "--format", "{{.Host.OCIRuntime.Name}} {{.Version.Version}}"],
+    proc = shell.run([*podman.command(), "info", "--format", "{{.Host.OCIRuntime.Name}} {{.Version.Version}}"],
                      check=False)
     if proc.returncode != 0:
         last = (proc.stderr.decode().strip().splitlines() or ["?"])[-1]
-        return Check("podman", False, f"`podman --runtime {podman.RUNTIME}` does not run: {last}")
+        return Check("podman", False, f"`{' '.join(podman.command()[:3])}` does not run: {last}")
     runtime, version = proc.stdout.decode().split()
-    return Check("podman", True, f"podman {version} with runtime {runtime}, cgroup manager {podman.CGROUP_MANAGER}")
+    return Check("podman", True, f"podman {version} with runtime {runtime}, cgroup manager "
+                                 f"{settings().cgroup_manager}")
 
 
 def _cgroups() -> Check:
@@ -74,8 +76,9 @@ def _cgroups() -> Check:
         mode = "v1 hybrid"
     else:
         mode = "v1 legacy"
-    ok = podman.RUNTIME != "crun" or kind == "cgroup2fs"
-    detail = f"{mode}; Sprout uses {podman.RUNTIME} + {podman.CGROUP_MANAGER}"
+    config = settings()
+    ok = config.oci_runtime != "crun" or kind == "cgroup2fs"
+    detail = f"{mode}; Sprout uses {config.oci_runtime} + {config.cgroup_manager}"
     return Check("cgroups", ok, detail if ok else f"{detail}: crun fails on cgroup v1, set SPROUT_OCI_RUNTIME=runc")
 
 

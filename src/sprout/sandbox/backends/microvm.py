@@ -24,6 +24,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ...settings import settings
 from .. import btrfs, podman
 from .. import trust as host_trust
 from ..errors import SandboxStateError, StoreError
@@ -39,13 +40,12 @@ if TYPE_CHECKING:
 
 DISK_FILE, MEMORY_FILE = "disk.img", "memory.bin"
 DEFAULT_MEMORY_MB = 1024
-ACCEL_VARIABLE = "SPROUT_MICROVM_ACCEL"  # kvm, tcg or auto (the default)
 MAX_SOCKET_PATH = 107
 
 
 def accelerator() -> tuple[str, str]:
     """(kvm or tcg, why): $SPROUT_MICROVM_ACCEL, else what this host runs (vm.choose_accel)."""
-    return choose_accel(os.environ.get(ACCEL_VARIABLE, "auto"))
+    return choose_accel(settings().microvm_accel)
 
 
 def _image_disk_path(store_root: Path, image_key: str) -> Path:

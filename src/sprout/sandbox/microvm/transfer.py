@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
+from ...settings import settings
 from ..errors import TransferError
-from ..rootfs import MAX_COPY_BYTES
 from .files import GuestFileError, GuestFiles
 
 
@@ -89,7 +89,7 @@ class GuestTransfer:
         partial = host.with_name(f".{host.name}.sprout-partial")
         try:
             with open(partial, "wb") as sink:
-                found = self.files.copy_out(inside, sink, MAX_COPY_BYTES)
+                found = self.files.copy_out(inside, sink, settings().max_copy_out_bytes)
             if found:
                 os.replace(partial, host)
             return found

@@ -1,0 +1,59 @@
+"""`sprout`: one command for everything Sprout does, a thin shell over the library.
+
+Each subcommand parses its flags, builds the library's typed config (or calls the SDK), calls one
+function and prints. The flags several commands share are defined once (sprout.cli.flags). Exit status:
+0 done, 1 failed, 2 usage; an error a user can cause is one line on stderr, never a traceback.
+
+The seed's `python -m sprout.worker ...`, `python -m sprout.sandbox ...`, `python -m sprout.eval.gate ...`
+(and the other `python -m` forms) are aliases of these subcommands (`alias`).
+
+Why argparse and not typer (which Harbor and mini-swe-agent use): the seed's sixteen parsers were argparse,
+so keeping it moved them without changing one flag's behaviour; it needs no dependency; and its parsers
+are plain objects that the CLI reference (docs/cli.md) is generated from.
+"""
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from .. import __version__
+from ..console import run_cli
+
+Command = Callable[[argparse.Namespace], int | None]
+
+
+def groups() -> list[tuple[str, Callable[[argparse._SubParsersAction], None]]]:
+    """The subcommands' modules, in the order `sprout --help` lists them (imported here: each pulls in
+    only what its commands need when they run)."""
+    from . import agent, evaluation, report, rl_driver, runstore, sandbox, services, swe_rebench, worker
+
+    return [("agent", agent.add), ("sandbox", sandbox.add), ("evaluation", evaluation.add),
+            ("report", report.add), ("services", services.add), ("worker", worker.add),
+            ("runstore", runstore.add), ("rl-driver", rl_driver.add), ("swe-rebench", swe_rebench.add)]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sprout", description=(
+        "Checkpoint every turn of a coding agent's rollout and branch new attempts from any turn. "
+        "Exit status: 0 done, 1 failed, 2 usage."))
+    p.add_argument("--version", action="version", version=f"sprout {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for _, add in groups():
+        add(sub)
+    return p
+
+
+def run(argv: list[str]) -> int | None:
+    parsed = parser().parse_args(argv)
+    return parsed.func(parsed)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The console script `sprout` (and `python -m sprout`)."""
+    run_cli(run, sys.argv[1:] if argv is None else argv)
+
+
+def alias(prefix: list[str], translate: Callable[[list[str]], list[str]] = lambda argv: argv) -> None:
+    """A seed `python -m` form: runs `sprout PREFIX ARGS`, the ARGS first translated when the old form
+    spelled something differently."""
+    main([*prefix, *translate(sys.argv[1:])])
