@@ -26,7 +26,7 @@ from rich.table import Table
 
 from sprout.sandbox import Store, btrfs, runtime
 from sprout.sandbox.backends.container import profile_of
-from sprout.sandbox.podman import PODMAN
+from sprout.sandbox.podman import command as podman_command
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGE = "docker.io/library/python:3.11-slim"
@@ -90,18 +90,18 @@ def tar_ms(path: Path) -> float:
 def commit_ms(fill_mb: int) -> float:
     """`podman commit` of an overlay container of the same image holding the same extra data."""
     name = f"sprout-bench-twin-{time.time_ns()}"
-    subprocess.run([*PODMAN, "run", "-d", "--name", name, IMAGE, "sleep", "infinity"], check=True,
+    subprocess.run([*podman_command(), "run", "-d", "--name", name, IMAGE, "sleep", "infinity"], check=True,
                    capture_output=True)
     try:
-        subprocess.run([*PODMAN, "exec", name, "bash", "-c",
+        subprocess.run([*podman_command(), "exec", name, "bash", "-c",
                         f"head -c {fill_mb}M /dev/urandom > /root/fill && head -c 1M /dev/urandom > /root/edit"],
                        check=True, capture_output=True)
-        ms = timed(lambda: subprocess.run([*PODMAN, "commit", "-q", name, f"localhost/{name}"], check=True,
+        ms = timed(lambda: subprocess.run([*podman_command(), "commit", "-q", name, f"localhost/{name}"], check=True,
                                           capture_output=True))
-        subprocess.run([*PODMAN, "rmi", "-f", f"localhost/{name}"], capture_output=True)
+        subprocess.run([*podman_command(), "rmi", "-f", f"localhost/{name}"], capture_output=True)
         return ms
     finally:
-        subprocess.run([*PODMAN, "rm", "-f", "-t", "0", name], capture_output=True)
+        subprocess.run([*podman_command(), "rm", "-f", "-t", "0", name], capture_output=True)
 
 
 def microvm_rows(store: Store, n: int, console: Console) -> list[tuple[str, str, str, str]]:

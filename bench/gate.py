@@ -28,7 +28,8 @@ from rich.table import Table
 from sprout.console import console
 from sprout.eval.gate import run_gate
 from sprout.sandbox import Store
-from sprout.sandbox.podman import PODMAN, ulimit_flags
+from sprout.sandbox.podman import command as podman_command
+from sprout.sandbox.podman import ulimit_flags
 from sprout.tasks import ensure_image, grade, load_task, load_tasks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,7 +43,7 @@ CHANGED_FILE = "/app/calc.py"  # what the oracle of py-bugfix changes
 
 
 def podman(*args: str) -> str:
-    return subprocess.run([*PODMAN, *args], check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run([*podman_command(), *args], check=True, capture_output=True, text=True).stdout.strip()
 
 
 def gate_seconds(tasks_dir: Path, workers: int) -> tuple[float, str]:
@@ -95,7 +96,7 @@ def baseline_grade(reference: str, changed: bytes, tests_dir: Path) -> float:
             podman("cp", f"{name}:/logs/verifier/.", tmp)
             return float((Path(tmp) / "reward.txt").read_text())
         finally:
-            subprocess.run([*PODMAN, "rm", "-f", "-t", "0", name], capture_output=True)
+            subprocess.run([*podman_command(), "rm", "-f", "-t", "0", name], capture_output=True)
 
 
 def timed(fn) -> tuple[float, object]:

@@ -29,14 +29,15 @@ from rich.table import Table
 
 from sprout.console import console
 from sprout.sandbox import Store, btrfs
-from sprout.sandbox.podman import PODMAN, ulimit_flags
+from sprout.sandbox.podman import command as podman_command
+from sprout.sandbox.podman import ulimit_flags
 
 IMAGE = "docker.io/library/python:3.11-slim"
 DOCKERFILE = "FROM {image}\nRUN python3 -m venv /opt/venv && /opt/venv/bin/pip --version\nWORKDIR /app\n"
 
 
 def podman(*args: str) -> str:
-    proc = subprocess.run([*PODMAN, *args], capture_output=True, text=True, check=False)
+    proc = subprocess.run([*podman_command(), *args], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"podman {' '.join(args[:3])} ... failed: {proc.stderr.strip()[-500:]}")
     return proc.stdout.strip()
@@ -46,7 +47,7 @@ def export_tar(image: str, dest: Path) -> None:
     container = f"sprout-bench-unpack-{secrets.token_hex(4)}"
     podman("create", "--name", container, image, "true")
     try:
-        subprocess.run(["bash", "-o", "pipefail", "-c", f"{' '.join(PODMAN)} export {container} | "
+        subprocess.run(["bash", "-o", "pipefail", "-c", f"{' '.join(podman_command())} export {container} | "
                         f"tar -x -f - -C '{dest}' --numeric-owner --xattrs --xattrs-include='*'"], check=True)
     finally:
         podman("rm", "-f", container)

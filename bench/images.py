@@ -26,7 +26,8 @@ from pathlib import Path
 from rich.table import Table
 
 from sprout.console import console
-from sprout.sandbox.podman import PODMAN, ulimit_flags
+from sprout.sandbox.podman import command as podman_command
+from sprout.sandbox.podman import ulimit_flags
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -37,7 +38,7 @@ DOCKERFILE = "FROM {image}\nRUN pip --version\nWORKDIR /app\n"
 
 
 def podman(*args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([*PODMAN, *args], capture_output=True, text=True, check=False,
+    proc = subprocess.run([*podman_command(), *args], capture_output=True, text=True, check=False,
                           env={**os.environ, **(env or {})})
     if check and proc.returncode != 0:
         raise SystemExit(f"podman {' '.join(args[:3])} ... failed: {proc.stderr.strip()[-500:]}")

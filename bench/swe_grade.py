@@ -34,7 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from sprout.console import console  # noqa: E402
 from sprout.sandbox import Store  # noqa: E402
-from sprout.sandbox.podman import PODMAN, ulimit_flags  # noqa: E402
+from sprout.sandbox.podman import command as podman_command  # noqa: E402
+from sprout.sandbox.podman import ulimit_flags  # noqa: E402
 from sprout.tasks.swe_rebench import Instance, grade_instance, load_parsers  # noqa: E402
 from sprout.tasks.swe_rebench.grade import official_scripts  # noqa: E402
 from tests.tasks.test_swe_rebench import (  # noqa: E402 - the repository's tests package, importable from REPO
@@ -54,7 +55,7 @@ PHASES = ["start", "apply", "tests", "parse", "destroy"]
 
 
 def podman(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*PODMAN, *args], capture_output=True, text=True, check=True)
+    return subprocess.run([*podman_command(), *args], capture_output=True, text=True, check=True)
 
 
 def by_hand(instance: Instance, parser, work: Path) -> dict[str, float]:
@@ -77,7 +78,7 @@ def by_hand(instance: Instance, parser, work: Path) -> dict[str, float]:
         podman("cp", str(work), f"{container}:/tmp/grade")
         podman("exec", "-w", "/calc", container, "bash", "/tmp/grade/setup.sh")
         lap("apply")
-        tests = subprocess.run([*PODMAN, "exec", "-w", "/calc", container, "bash", "/tmp/grade/tests.sh"],
+        tests = subprocess.run([*podman_command(), "exec", "-w", "/calc", container, "bash", "/tmp/grade/tests.sh"],
                                capture_output=True, text=True)
         lap("tests")
         statuses = parser(tests.stdout + tests.stderr)
