@@ -26,7 +26,7 @@ from pathlib import Path
 from rich.table import Table
 
 from sprout.console import console
-from sprout.eval.gate import run_gate
+from sprout.eval.gate import GateConfig, run_gate
 from sprout.sandbox import Store
 from sprout.sandbox.podman import command as podman_command
 from sprout.sandbox.podman import ulimit_flags
@@ -48,7 +48,7 @@ def podman(*args: str) -> str:
 
 def gate_seconds(tasks_dir: Path, workers: int) -> tuple[float, str]:
     with tempfile.TemporaryDirectory() as out:
-        summary = run_gate(tasks_dir, Path(out), workers=workers, runtime_bin=RUNTIME_BIN)
+        summary = run_gate(GateConfig(tasks_dir=tasks_dir, output=Path(out), workers=workers, runtime_bin=RUNTIME_BIN))
     return summary.wall_s, f"{summary.passed} pass, {summary.failed} fail, {summary.errors} error"
 
 
@@ -59,7 +59,8 @@ def bench_like_rows(table: Table) -> None:
             saved = {key: os.environ.get(key) for key in env}
             os.environ.update(env)
             try:
-                summary = run_gate(tasks, Path(tmp) / "gate", workers=3, runtime_bin=RUNTIME_BIN)
+                summary = run_gate(GateConfig(tasks_dir=tasks, output=Path(tmp) / "gate", workers=3,
+                                              runtime_bin=RUNTIME_BIN))
             finally:
                 for key, value in saved.items():
                     os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)

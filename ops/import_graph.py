@@ -1,6 +1,9 @@
 """Print the imports between Sprout's packages: who imports whom, how often, and any package cycles.
 
     python ops/import_graph.py            # from a checkout; reads the source, imports nothing
+
+Imports under `if __name__ == "__main__":` (the `python -m` forms, which run the `sprout` command) are
+counted apart: they are what a program does when it is started, not what the module depends on.
 """
 
 from __future__ import annotations
@@ -28,11 +31,31 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def imported_modules(path: Path) -> list[str]:
+def _main_block(node: ast.AST) -> bool:
+    """Whether `node` is `if __name__ == "__main__":`."""
+    test = getattr(node, "test", None)
+    return (isinstance(node, ast.If) and isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
+            and test.left.id == "__name__" and any(isinstance(c, ast.Constant) and c.value == "__main__"
+                                                    for c in test.comparators))
+
+
+def _nodes(tree: ast.AST, *, in_main: bool) -> list[ast.AST]:
+    """Every node of `tree` outside (or, with `in_main`, inside) its `if __name__ == "__main__":` blocks."""
+    found, todo = [], [(tree, False)]
+    while todo:
+        node, inside = todo.pop()
+        inside = inside or _main_block(node)
+        if inside == in_main:
+            found.append(node)
+        todo += [(child, inside) for child in ast.iter_child_nodes(node)]
+    return found
+
+
+def imported_modules(path: Path, *, in_main: bool = False) -> list[str]:
     me = module_name(path)
     is_package = path.name == "__init__.py"
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in _nodes(ast.parse(path.read_text(), str(path)), in_main=in_main):
         if isinstance(node, ast.Import):
             found += [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -97,6 +120,8 @@ def main() -> int:
     for source in sorted({a for a, _ in counts}):
         targets = sorted((b, n) for (a, b), n in counts.items() if a == source)
         print(f"  {source:12} -> " + ", ".join(f"{b} {n}" for b, n in targets))
+    programs = sorted(module_name(path) for path in ROOT.rglob("*.py") if imported_modules(path, in_main=True))
+    print("run as programs (`python -m`, importing the command line then): " + ", ".join(programs))
     loops = cycles(counts)
     print("package cycles: " + ("; ".join(" <-> ".join(c) for c in loops) if loops else "none"))
     return 1 if loops else 0

@@ -113,9 +113,9 @@ def other_store(tmp_path):
 
 def bridge_gateway() -> str:
     """The host's address on the sandboxes' bridge (podman's network), which a connected sandbox reaches."""
-    from sprout.sandbox.podman import NETWORK, podman
+    from sprout.sandbox.podman import network, podman
 
-    return json.loads(podman("network", "inspect", NETWORK))[0]["subnets"][0]["gateway"]
+    return json.loads(podman("network", "inspect", network()))[0]["subnets"][0]["gateway"]
 
 
 def free_port() -> int:

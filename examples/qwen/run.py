@@ -1,7 +1,7 @@
 """python -m examples.qwen.run: SPROUT vs restarts with a Qwen model on a Harbor dataset.
 
-Prepares the dataset (Harbor digests, task images, OUT/prep.json), then runs
-`python -m sprout.eval.benchmark` over it with both methods at equal budget. The model is served by
+Prepares the dataset (Harbor digests, task images, OUT/prep.json), then benchmarks it (as `sprout benchmark`
+does) with both methods at equal budget. The model is served by
 any OpenAI-compatible endpoint, for example:
 
     vllm serve Qwen/Qwen3-Coder-30B-A3B-Instruct --port 8000 \\
@@ -28,11 +28,12 @@ from pathlib import Path
 import httpx
 
 from sprout.console import console, run_cli
-from sprout.eval import benchmark
+from sprout.errors import SproutError
+from sprout.eval.benchmark import METHODS, BenchmarkConfig, run_benchmark
+from sprout.eval.evaluate import EvaluationOptions
 from sprout.eval.prepare import prepare
 from sprout.jobs.remote import configured_client
 from sprout.sandbox import Store
-from sprout.sandbox.errors import SproutError
 from sprout.tasks.dataset import load_task_ids, read_task_ids
 
 DEFAULT_MODEL = "Qwen/Qwen3-Coder-30B-A3B-Instruct"
@@ -69,7 +70,7 @@ def main(argv: list[str]) -> int:
                    help=f"served model name (default: $QWEN_MODEL or {DEFAULT_MODEL})")
     p.add_argument("--key-env", default="QWEN_API_KEY", help="variable holding the API key (default QWEN_API_KEY)")
     p.add_argument("--output", type=Path, default=Path("runs/qwen"), help="output directory (default runs/qwen)")
-    p.add_argument("--methods", nargs="+", default=["sprout", "restarts"], choices=benchmark.METHODS,
+    p.add_argument("--methods", nargs="+", default=["sprout", "restarts"], choices=METHODS,
                    help="methods to compare (default: sprout restarts)")
     p.add_argument("--rounds", type=int, default=2, help="SPROUT rounds (default 2)")
     p.add_argument("--branches", type=int, nargs="+", default=[4, 3], help="branches per round (default 4 3)")
@@ -100,18 +101,16 @@ def main(argv: list[str]) -> int:
     task_ids = load_task_ids(args.task_ids_file, tasks_dir) if args.task_ids_file else None
     manifest = prepare(tasks_dir, manifest_path, store=Store(runtime_bin=args.runtime_bin), task_ids=task_ids)
     console.print(f"prepared {manifest.dataset.name}: digest {manifest.dataset.digest}, manifest {manifest_path}")
-    bench_argv = ["--tasks-dir", str(tasks_dir), "--output", str(args.output), "--methods", *args.methods,
-                  "--workers", str(args.workers), "--dataset-digest", manifest.dataset.digest,
-                  "--preparation-manifest", str(manifest_path), "--model", args.model, "--model-endpoint", endpoint,
-                  *([] if configured_client() else ["--model-key-env", args.key_env]),  # Run Store: a keyless URL
-                  "--model-class", args.model_class, "--rounds", str(args.rounds),
-                  "--branches", *map(str, args.branches), "--step-limit", str(args.step_limit),
-                  "--runtime-bin", str(args.runtime_bin)]
-    bench_argv += ["--tasks", *args.tasks] if args.tasks else []
-    bench_argv += ["--task-ids-file", str(args.task_ids_file)] if args.task_ids_file else []
-    bench_argv += ["--allow-dirty"] if args.allow_dirty else []
-    return benchmark.main(bench_argv)
-
+    options = EvaluationOptions(
+        dataset_digest=manifest.dataset.digest, preparation_manifest=manifest_path, model=args.model,
+        model_endpoint=endpoint, model_key_env=None if configured_client() else args.key_env,  # Run Store: keyless
+        model_class=args.model_class, rounds=args.rounds, branches=args.branches, step_limit=args.step_limit,
+        runtime_bin=args.runtime_bin, allow_dirty=args.allow_dirty)
+    os.environ.setdefault("MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT", "4")  # as `sprout benchmark` does by default
+    failed = run_benchmark(BenchmarkConfig(tasks_dir=tasks_dir, output=args.output, methods=args.methods,
+                                           tasks=args.tasks, task_ids_file=args.task_ids_file, workers=args.workers,
+                                           evaluation=options))
+    return 1 if failed else 0
 
 if __name__ == "__main__":
     run_cli(main)

@@ -1,6 +1,7 @@
-"""What every Sprout command line shares: one clear error line and a non-zero exit, never a traceback."""
+"""What every Sprout command line shares: its consoles, and one clear error line with the error's exit status
+(1 failed, 2 usage; 130 interrupted), never a traceback."""
 
-import argparse
+import os
 import sys
 from collections.abc import Callable
 
@@ -23,17 +24,10 @@ def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = No
     except KeyboardInterrupt:
         errors.print("interrupted")
         code = 130
+    except BrokenPipeError:  # the reader went away (`| head`): not an error of ours to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 0
     sys.exit(code or 0)
-
-
-def run_parser(build: Callable[[], argparse.ArgumentParser], argv: list[str] | None = None) -> None:
-    """`run_cli` for a parser whose subcommands set `func(args) -> exit code`."""
-
-    def main(args: list[str]) -> int | None:
-        parsed = build().parse_args(args)
-        return parsed.func(parsed)
-
-    run_cli(main, argv)
 
 
 def human_bytes(n: int | None) -> str:

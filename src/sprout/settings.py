@@ -85,6 +85,8 @@ OTHER_VARIABLES: dict[str, str] = {
                               "names it; `sprout services env` exports it).",
     "SPROUT_RL_DRIVER_URL": "The RL driver's URL, exported by `sprout services env` for Miles.",
     "SPROUT_DEMO_KEY": "The key `sprout demo` gives its scripted model.",
+    "SPROUT_MICROVM": "ops/setup_podman.sh: 1 sets up the microVM backend too (as --microvm does).",
+    "SPROUT_BENCH_KEY": "bench/agent_overhead.py: the key its scripted model server asks for.",
     "SPROUT_STORE_SIZE": "ops/setup_podman.sh: the size of the store's sparse loop file (default 40G).",
     "SPROUT_STORE_MIN_FREE_GB": "ops/setup_podman.sh: the loop file grows when the store has less free "
                                 "(default 10).",

@@ -29,7 +29,7 @@ def test_benchmark_runs_every_task_and_method_then_resumes(dataset, outputs, tmp
     summaries = find_summaries(out)
     assert sorted((s.config.method, s.solved_by, s.config.budget.amount) for s in summaries) == [
         ("restarts", "a1", 15), ("single", "a1", 5)]
-    assert "--step-limit 5" in (out / "logs" / "py-bugfix-restarts.log").read_text().splitlines()[0]
+    assert '"step_limit":5' in (out / "logs" / "py-bugfix-restarts.log").read_text().splitlines()[0]
     results = json.loads((out / "results.json").read_text())
     assert {r["method"]: r["solved"] for r in results["methods"]} == {"single": 1, "restarts": 1}
     markdown = (out / "results.md").read_text()

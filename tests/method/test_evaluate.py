@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from sprout.agent.journal import read_journal
-from sprout.eval import evaluate, provenance
+from sprout.eval import provenance
 from sprout.eval.summary import read_summary
 from sprout.method.budget import equal_budget
 from sprout.method.review import FALLBACK_NOTE
@@ -207,8 +207,9 @@ def test_dirty_checkout_is_refused_unless_allowed(tmp_path, monkeypatch, capsys)
     argv = ["--task-dir", str(tmp_path), "--output", str(tmp_path / "out"), "--dataset-digest", "sha256:0",
             "--preparation-manifest", str(tmp_path / "none.json"), "--model", "m"]
     with pytest.raises(SystemExit) as exit_info:
+        from sprout.cli import run
         from sprout.console import run_cli
-        run_cli(evaluate.main, argv)
+        run_cli(run, ["evaluate", *argv])
     assert exit_info.value.code == 1
     err = capsys.readouterr().err
     assert "uncommitted changes" in err and "a.py" in err and "--allow-dirty" in err
@@ -239,5 +240,5 @@ def test_rounds_and_branches_must_agree(dataset, tmp_path):
     result = run_module("sprout.eval.evaluate", "--task-dir", dataset.task_dir, "--output", tmp_path / "o",
                         "--dataset-digest", dataset.digest, "--preparation-manifest", dataset.manifest,
                         "--model", "m", "--rounds", "2", "--branches", "4")
-    assert result.returncode == 1 and "--rounds 2 needs 2 --branches values" in result.stderr
+    assert result.returncode == 2 and "--rounds 2 needs 2 --branches values" in result.stderr  # usage
     assert "Traceback" not in result.stderr

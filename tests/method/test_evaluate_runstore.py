@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from sprout.eval.evaluate import endpoints
-from sprout.eval.evaluate import parser as evaluate_parser
+from sprout.eval.evaluate import EvaluateConfig, endpoints
 from sprout.eval.results import find_summaries
 from sprout.eval.summary import read_summary
 from sprout.jobs.endpoints import EndpointRef, endpoint_ref
@@ -103,19 +102,17 @@ def benchmark(dataset, out, env: dict):
 def test_over_a_run_store_jobs_name_a_workers_endpoint_or_a_keyless_url():
     """--model-endpoint-name (default "default") names an endpoint configured on the workers; a plain
     --model-endpoint URL goes as a URL; a key variable never goes into a job."""
-    flags = ["--model", "m", "--dataset-digest", "d", "--preparation-manifest", "p"]
+    def config(**given: str) -> EvaluateConfig:
+        return EvaluateConfig(task_dir="t", output="o", model="m", dataset_digest="d", preparation_manifest="p",
+                              **given)
 
-    def parse(*extra: str):
-        return evaluate_parser().parse_args(["--task-dir", "t", "--output", "o", *flags, *extra])
-
-    agent, reviewer = endpoints(parse(), remote=True)
+    agent, reviewer = endpoints(config(), remote=True)
     assert endpoint_ref(agent) == endpoint_ref(reviewer) == EndpointRef(name="default")
-    agent, reviewer = endpoints(parse("--model-endpoint", "http://h:1/v1/", "--review-endpoint-name", "big"),
-                                remote=True)
+    agent, reviewer = endpoints(config(model_endpoint="http://h:1/v1/", review_endpoint_name="big"), remote=True)
     assert (endpoint_ref(agent), endpoint_ref(reviewer)) == (EndpointRef(url="http://h:1/v1"), EndpointRef(name="big"))
     with pytest.raises(SproutError, match="--model-key-env does not apply over a Run Store"):
-        endpoints(parse("--model-endpoint", "http://h:1/v1", "--model-key-env", KEY_ENV), remote=True)
+        endpoints(config(model_endpoint="http://h:1/v1", model_key_env=KEY_ENV), remote=True)
     with pytest.raises(SproutError, match="not both"):
-        endpoints(parse("--model-endpoint", "http://h:1/v1", "--model-endpoint-name", "x"), remote=True)
+        endpoints(config(model_endpoint="http://h:1/v1", model_endpoint_name="x"), remote=True)
     with pytest.raises(SproutError, match="--model-endpoint-name names an endpoint of a Run Store's workers"):
-        endpoints(parse("--model-endpoint-name", "default"), remote=False)
+        endpoints(config(model_endpoint_name="default"), remote=False)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sprout.runstore.auth import Scope, TokensFileError, add_token, hash_token, load_tokens, main, new_token
+from sprout.cli import run
+from sprout.runstore.auth import Scope, TokensFileError, add_token, hash_token, load_tokens, new_token
 
 pytestmark = pytest.mark.python_only  # needs no podman (pytest -m python_only)
 
@@ -44,8 +45,8 @@ def test_bad_tokens_files(tmp_path: Path, content: str | None, message: str) -> 
         load_tokens(path)
 
 
-def test_add_command_prints_the_token(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_token_command_prints_the_token(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "tokens.json"
-    assert main(["add", str(path), "--scope", "submitter"]) == 0
+    assert run(["runstore", "token", str(path), "--scope", "submitter"]) == 0
     token = capsys.readouterr().out.strip()
     assert load_tokens(path).scope_of(token) == Scope.SUBMITTER

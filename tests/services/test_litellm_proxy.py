@@ -140,9 +140,9 @@ def test_worker_run_through_the_proxy_then_a_wrong_upstream_key_then_down(tmp_pa
             assert "litellm-proxy" in status.stdout and str(port) in status.stdout
             assert status.stdout.count("healthy") == 1
             monkeypatch.setenv("SPROUT_CONFIG_DIR", str(config))
-            from sprout.worker.doctor import _litellm_proxy
+            from sprout.services.supervisor import proxy_check
 
-            check = _litellm_proxy()
+            check = proxy_check()
             assert check.ok and "serves scripted (openai/scripted)" in check.detail, check.detail
             env = exports(config)
             env = {"OPENAI_BASE_URL": env["OPENAI_BASE_URL"], "OPENAI_API_KEY": env["OPENAI_API_KEY"]}

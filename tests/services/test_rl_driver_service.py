@@ -59,7 +59,7 @@ def test_init_and_setup_write_rl_driver_json_and_its_token(tmp_path):
 
     config = load(a)  # the driver's command and environment: the Run Store's submitter token, its own token
     assert supervisor.command("rl-driver", config, a)[1:] == [
-        "-m", "sprout.rl_driver", "serve", "--config", str(a / "rl-driver.json")]
+        "-m", "sprout", "rl-driver", "serve", "--config", str(a / "rl-driver.json")]
     env = supervisor.service_env(config, a, "rl-driver")
     assert env["SPROUT_RUNSTORE_URL"] == "http://127.0.0.1:18471" and env[RL_DRIVER_TOKEN_ENV] == token
     assert env["SPROUT_RUNSTORE_TOKEN"] == (a / "secrets" / "submitter.token").read_text().strip()

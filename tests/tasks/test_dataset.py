@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from sprout.eval.gate import run_gate
+from sprout.eval.gate import GateConfig, run_gate
 from sprout.eval.prepare import prepare
 from sprout.eval.provenance import check_pinning, dataset_digest
 from sprout.tasks import TaskError, load_tasks
@@ -166,7 +166,7 @@ def test_the_benchmark_refuses_ids_its_manifest_did_not_prepare(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     expected = (f"error: the manifest {tmp_path / 'prep.json'} does not list 1 of the chosen tasks: "
-                f"{PRO_IDS[2]} (prepare them: python -m sprout.eval.prepare)")
+                f"{PRO_IDS[2]} (prepare them: sprout prepare)")
     assert done.stderr.strip() == expected
 
 
@@ -176,8 +176,8 @@ def test_the_gate_runs_and_records_the_chosen_tasks(tmp_path):
         shutil.copytree(FIXTURES / name, tasks / name)
     ids = tmp_path / "ids.txt"
     ids.write_text("# the one that passes\nshell-count\n")
-    summary = run_gate(tasks, tmp_path / "gate", workers=1, task_ids=load_task_ids(ids, tasks),
-                       runtime_bin=RUNTIME_BIN)
+    summary = run_gate(GateConfig(tasks_dir=tasks, output=tmp_path / "gate", workers=1, task_ids_file=ids,
+                                  runtime_bin=RUNTIME_BIN))
     assert [(r.task, r.verdict) for r in summary.results] == [("shell-count", "pass")]
     written = json.loads((tmp_path / "gate" / "summary.json").read_text())
     assert written["task_ids"] == summary.task_ids.model_dump() and written["task_ids"]["count"] == 1

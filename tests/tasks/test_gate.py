@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from sprout.eval.gate import run_gate
+from sprout.eval.gate import GateConfig, run_gate
 from tests.conftest import REPO, RUNTIME_BIN
 from tests.tasks.conftest import FIXTURES, SLOW_FIXTURES
 
@@ -57,14 +57,14 @@ def test_gate_over_the_fixtures(tmp_path):
     assert (out / "reward-json" / "oracle" / "verifier" / "reward.json").exists()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--tasks-dir", "/no/such/dir"], "error: no tasks directory /no/such/dir"),
-    (["--tasks-dir", str(FIXTURES), "--tasks", "py-bugfix,nosuch"], "error: no task named nosuch in"),
-    (["--tasks-dir", str(FIXTURES), "--workers", "0"], "error: --workers must be at least 1"),
+@pytest.mark.parametrize("args, message, code", [
+    (["--tasks-dir", "/no/such/dir"], "error: no tasks directory /no/such/dir", 1),
+    (["--tasks-dir", str(FIXTURES), "--tasks", "py-bugfix,nosuch"], "error: no task named nosuch in", 1),
+    (["--tasks-dir", str(FIXTURES), "--workers", "0"], "error: --workers must be at least 1", 2),  # usage
 ])
-def test_user_errors_are_one_line(args, message, tmp_path):
+def test_user_errors_are_one_line(args, message, code, tmp_path):
     proc = gate(*args, "--output", str(tmp_path / "gate"))
-    assert proc.returncode == 1
+    assert proc.returncode == code
     assert proc.stderr.startswith(message) and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
@@ -83,7 +83,7 @@ def test_hanging_and_unhealthy_tasks_are_cut_off_and_reported(copy_task, tmp_pat
     unhealthy.rename(dataset / "unhealthy")
 
     started = time.monotonic()
-    summary = run_gate(dataset, tmp_path / "gate", workers=3, runtime_bin=RUNTIME_BIN)
+    summary = run_gate(GateConfig(tasks_dir=dataset, output=tmp_path / "gate", workers=3, runtime_bin=RUNTIME_BIN))
     assert time.monotonic() - started < 60
     reasons = {r.task: (r.verdict, r.reason) for r in summary.results}
     assert reasons == {

@@ -49,7 +49,7 @@ def test_missing_base_image_says_which_and_how_to_provide_it(copy_task, fast_sto
         ensure_image(fast_store, task.paths.environment_dir, task.config.environment, name="py-bugfix")
     message = str(e.value)
     assert "task py-bugfix" in message and "'sprout-test/no-such-base:1'" in message
-    assert "python -m sprout.sandbox images bootstrap" in message and "podman load" in message
+    assert "sprout sandbox images bootstrap" in message and "podman load" in message
 
 
 def test_missing_docker_image_says_how_to_provide_it(copy_task, fast_store):

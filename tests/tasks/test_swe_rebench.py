@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sprout.eval.gate import run_gate
+from sprout.eval.gate import GateConfig, run_gate
 from sprout.sandbox import Store
 from sprout.tasks.swe_rebench import (
     Instance,
@@ -414,8 +414,8 @@ def test_to_harbor_tasks_pass_the_gate_with_the_official_verdict(calc, tmp_path)
                                capture_output=True, text=True, cwd=REPO)
     assert converted.returncode == 0, converted.stderr
     assert "wrote 1 Harbor tasks" in converted.stdout
-    summary = run_gate(tmp_path / "tasks", tmp_path / "gate", workers=1, store_root=store.root,
-                       runtime_bin=RUNTIME_BIN)
+    summary = run_gate(GateConfig(tasks_dir=tmp_path / "tasks", output=tmp_path / "gate", workers=1, store=store.root,
+                                  runtime_bin=RUNTIME_BIN))
     (result,) = summary.results
     assert result.task == "acme__calc-1" and result.verdict == "pass", result
     oracle, nop = result.oracle.grade, result.nop.grade

@@ -181,6 +181,17 @@ def _outcome_status(exit_status: str) -> str:
     return "error"
 
 
+@dataclass
+class _Start:
+    """Where a rollout starts: its sandbox, and for a branch the messages, model calls and turn it resumes at."""
+
+    sandbox: Sandbox
+    prefix: list[dict] | None = None
+    n_calls: int = 0
+    first_turn: int = 1
+    parent: ParentRef | None = None
+
+
 def run_rollout(spec: RolloutSpec, store: Store, on_event: Callable[[TurnEvent], None] | None = None,
                 sandbox: Sandbox | None = None, stop: threading.Event | None = None,
                 on_finish: Callable[[Sandbox, Outcome], None] | None = None) -> RolloutResult:
@@ -190,116 +201,137 @@ def run_rollout(spec: RolloutSpec, store: Store, on_event: Callable[[TurnEvent],
     before its next model call with RolloutCancelled, its journal left without an outcome."""
     config = mswea_config(spec.model_class)
     model = make_model(spec.model, spec.endpoint, spec.model_class, config, spec.sampling)
-    prefix, n_calls, first_turn, parent = None, 0, 1, None
+    start = _start(spec, store, model, sandbox)
+    env = SandboxEnvironment(start.sandbox, **(config.get("environment", {}) | {
+        "cwd": spec.cwd, "timeout": spec.command_timeout_s}))
+    try:
+        writer = JournalWriter(spec.journal)
+    except SproutError:
+        start.sandbox.destroy()
+        raise
+    result = RolloutResult(outcome=None, journal=spec.journal, sandbox_id=start.sandbox.id)  # type: ignore[arg-type]
+    recorder = _TurnRecorder(writer, env, start, result, on_event, _header(spec, store, start))
+    agent = JournalingAgent(model, env, on_start=recorder.start, on_turn=recorder.turn, token_limit=spec.token_limit,
+                            stop=stop, step_limit=spec.step_limit, cost_limit=0, wall_time_limit_seconds=spec.wall_time_s,
+                            **{k: v for k, v in config["agent"].items()
+                               if k in ("system_template", "instance_template", "max_consecutive_format_errors")})
+    if start.prefix is not None:
+        agent.resume_with(start.prefix, start.n_calls)
+    if spec.insert is not None:
+        agent.inserted = spec.insert.message()
+    started = time.monotonic()
+    try:
+        result.outcome = recorder.outcome(*_run(agent, spec.task), wall_s=time.monotonic() - started)
+        writer.write(result.outcome)
+        if on_finish is not None:
+            on_finish(start.sandbox, result.outcome)
+    finally:
+        writer.close()
+        if not spec.keep_sandbox:
+            start.sandbox.destroy()
+    return result
+
+
+def _run(agent: "JournalingAgent", task: str) -> tuple[str, str, str]:
+    """The agent's run: (exit status, message, submission). A stopped rollout raises RolloutCancelled; any
+    other failure is the outcome (the agent already appended an exit message and journaled the turn)."""
+    try:
+        info = agent.run(task)
+    except RolloutCancelled:
+        raise
+    except Exception as e:
+        return type(e).__name__, _error_text(e), ""
+    return info.get("exit_status", ""), info.get("exception_str", ""), info.get("submission", "") or ""
+
+
+def _start(spec: RolloutSpec, store: Store, model, sandbox: Sandbox | None) -> _Start:
+    """A fresh start (in `sandbox`, else a new sandbox of the spec's image) or a branch: a new sandbox from the
+    parent turn's checkpoint with the messages up to that turn (and the note). Refuses, before any sandbox is
+    made, a journal that exists and an inserted turn without a tool-calling branch."""
     parent_journal = read_journal(spec.from_journal) if spec.from_journal is not None else None
     if spec.insert is not None and (parent_journal is None or spec.model_class != "tools"):
         raise SproutError("an inserted turn needs a branch (from_journal) of a tool-calling rollout")
     if spec.journal.exists():  # checked before a sandbox is made; JournalWriter checks again atomically
         raise SproutError(f"the journal {spec.journal} already exists; choose another path or remove it")
-    if parent_journal is not None:
-        turn = parent_journal.turn(spec.from_turn)
-        if turn.checkpoint is None:
-            raise SproutError(f"turn {turn.turn} of {spec.from_journal} has no checkpoint")
-        try:
-            checkpoint = store.checkpoint(turn.checkpoint)
-        except CheckpointNotFound:
-            header = parent_journal.header
-            made = header.store + (f" on {header.host}" if header.host else "")
-            raise SproutError(f"turn {turn.turn}'s checkpoint {turn.checkpoint} is not in the store {store.root} "
-                              f"(it was made in {made}); use that store, or ship the checkpoint here "
-                              "(sprout.sandbox.ship)") from None
-        sandbox = checkpoint.branch(label=f"branch of {turn.checkpoint}")
-        prefix = resume_messages(parent_journal.messages_up_to(turn.turn), model, spec.note)
-        n_calls, first_turn = turn.n_calls, turn.turn + 1
-        parent = ParentRef(journal=str(spec.from_journal), turn=turn.turn, checkpoint=turn.checkpoint, note=spec.note)
-        spec.task = parent_journal.header.task
-    elif sandbox is None:
-        sandbox = store.create_sandbox(spec.image, network=True, label=f"rollout {spec.journal.name}")
-    env = SandboxEnvironment(sandbox, **(config.get("environment", {}) | {
-        "cwd": spec.cwd, "timeout": spec.command_timeout_s}))
-    agent_config = {k: v for k, v in config["agent"].items() if k in ("system_template", "instance_template",
-                                                                         "max_consecutive_format_errors")}
+    if parent_journal is None:
+        return _Start(sandbox or store.create_sandbox(spec.image, network=True, label=f"rollout {spec.journal.name}"))
+    turn = parent_journal.turn(spec.from_turn)
+    if turn.checkpoint is None:
+        raise SproutError(f"turn {turn.turn} of {spec.from_journal} has no checkpoint")
     try:
-        writer = JournalWriter(spec.journal)
-    except SproutError:
-        sandbox.destroy()
-        raise
-    result = RolloutResult(outcome=None, journal=spec.journal, sandbox_id=sandbox.id)  # type: ignore[arg-type]
-    totals = {"in": 0, "out": 0}
-    started = time.monotonic()
-    turn_number = first_turn - 1
+        checkpoint = store.checkpoint(turn.checkpoint)
+    except CheckpointNotFound:
+        header = parent_journal.header
+        made = header.store + (f" on {header.host}" if header.host else "")
+        raise SproutError(f"turn {turn.turn}'s checkpoint {turn.checkpoint} is not in the store {store.root} "
+                          f"(it was made in {made}); use that store, or ship the checkpoint here "
+                          "(sprout.sandbox.ship)") from None
+    spec.task = parent_journal.header.task
+    return _Start(checkpoint.branch(label=f"branch of {turn.checkpoint}"),
+                  prefix=resume_messages(parent_journal.messages_up_to(turn.turn), model, spec.note),
+                  n_calls=turn.n_calls, first_turn=turn.turn + 1,
+                  parent=ParentRef(journal=str(spec.from_journal), turn=turn.turn, checkpoint=turn.checkpoint,
+                                   note=spec.note))
 
-    def on_turn(agent: JournalingAgent, new: list[dict]) -> None:
-        nonlocal turn_number
+
+def _header(spec: RolloutSpec, store: Store, start: _Start) -> Header:
+    return Header(task=spec.task, model=spec.model, model_class=spec.model_class, endpoint_host=spec.endpoint.host,
+                  image=spec.image, image_key=start.sandbox.image_key, cwd=spec.cwd,
+                  limits=Limits(step_limit=spec.step_limit, token_limit=spec.token_limit,
+                                wall_time_s=spec.wall_time_s, command_timeout_s=spec.command_timeout_s),
+                  store=str(store.root), sandbox=start.sandbox.id, parent=start.parent, first_turn=start.first_turn,
+                  n_calls=start.n_calls, messages=start.prefix or [],
+                  sampling=spec.sampling.model_dump(exclude_defaults=True) if spec.sampling else None)
+
+
+class _TurnRecorder:
+    """The agent's per-turn hook: checkpoints the sandbox, journals the turn, tells `on_event`."""
+
+    def __init__(self, writer: JournalWriter, env: SandboxEnvironment, start: _Start, result: RolloutResult,
+                 on_event: Callable[[TurnEvent], None] | None, header: Header):
+        self.writer, self.env, self.start_at, self.result, self.on_event = writer, env, start, result, on_event
+        self.header = header
+        self.tokens_in = self.tokens_out = 0
+        self.turn_number = start.first_turn - 1
+
+    def start(self, agent: "JournalingAgent") -> None:
+        """Once the agent has its first messages: the header, with them."""
+        self.header.messages = list(agent.messages)
+        self.writer.write(self.header)
+
+    def turn(self, agent: "JournalingAgent", new: list[dict]) -> None:
         if not any(m.get("role") in ("assistant", "user", "tool") for m in new):
             return  # an iteration that only ended the run (limits): nothing happened in the sandbox
-        turn_number += 1
+        self.turn_number += 1
         assistant = next((m for m in new if m.get("role") == "assistant"), {})
         observations = [m for m in new if m.get("role") in ("tool", "user")]
-        actions = assistant.get("extra", {}).get("actions", [])
         returncodes = [m.get("extra", {}).get("returncode") for m in observations]
         tokens_in, tokens_out = _usage(assistant)
-        totals["in"] += tokens_in
-        totals["out"] += tokens_out
-        checkpoint = sandbox.checkpoint(label=f"turn {turn_number}")
-        result.checkpoints.append(checkpoint.id)
+        self.tokens_in, self.tokens_out = self.tokens_in + tokens_in, self.tokens_out + tokens_out
+        checkpoint = self.start_at.sandbox.checkpoint(label=f"turn {self.turn_number}")
+        self.result.checkpoints.append(checkpoint.id)
         exit_message = next((m for m in new if m.get("role") == "exit"), None)
         observation = "\n".join(str(m.get("extra", {}).get("raw_output", m.get("content", ""))) for m in observations)
         if exit_message and not observation:
             observation = str(exit_message.get("content", ""))
-        record = Turn(turn=turn_number, checkpoint=checkpoint.id, thought=str(assistant.get("content") or ""),
-                      commands=[a.get("command", "") for a in actions], observation=_cap(observation),
+        record = Turn(turn=self.turn_number, checkpoint=checkpoint.id, thought=str(assistant.get("content") or ""),
+                      commands=[a.get("command", "") for a in assistant.get("extra", {}).get("actions", [])],
+                      observation=_cap(observation),
                       exit_code=next((rc for rc in reversed(returncodes) if rc is not None), None),
                       tokens_in=tokens_in, tokens_out=tokens_out, model_latency_s=round(agent.model_latency, 4),
-                      command_s=round(env.command_seconds, 4), checkpoint_ms=round(checkpoint.duration_ms, 2),
+                      command_s=round(self.env.command_seconds, 4), checkpoint_ms=round(checkpoint.duration_ms or 0, 2),
                       n_calls=agent.n_calls, new_messages=new)
-        agent.model_latency, env.command_seconds = 0.0, 0.0
-        writer.write(record)
-        if on_event:
-            on_event(TurnEvent(record, totals["in"] + totals["out"]))
+        agent.model_latency, self.env.command_seconds = 0.0, 0.0
+        self.writer.write(record)
+        if self.on_event:
+            self.on_event(TurnEvent(record, self.tokens_in + self.tokens_out))
 
-    def on_start(agent: JournalingAgent) -> None:
-        header.messages = list(agent.messages)
-        writer.write(header)
-
-    agent = JournalingAgent(model, env, on_start=on_start, on_turn=on_turn, token_limit=spec.token_limit,
-                            stop=stop, step_limit=spec.step_limit, cost_limit=0,
-                            wall_time_limit_seconds=spec.wall_time_s,
-                            **agent_config)
-    header = Header(task=spec.task, model=spec.model, model_class=spec.model_class,
-                    endpoint_host=spec.endpoint.host, image=spec.image, image_key=sandbox.image_key, cwd=spec.cwd,
-                    limits=Limits(step_limit=spec.step_limit, token_limit=spec.token_limit,
-                                  wall_time_s=spec.wall_time_s, command_timeout_s=spec.command_timeout_s),
-                    store=str(store.root), sandbox=sandbox.id, parent=parent, first_turn=first_turn,
-                    n_calls=n_calls, messages=prefix or [],
-                    sampling=spec.sampling.model_dump(exclude_defaults=True) if spec.sampling else None)
-    if prefix is not None:
-        agent.resume_with(prefix, n_calls)
-    if spec.insert is not None:
-        agent.inserted = spec.insert.message()
-    try:
-        try:
-            info = agent.run(spec.task)
-            exit_status, message = info.get("exit_status", ""), info.get("exception_str", "")
-        except RolloutCancelled:
-            raise
-        except Exception as e:  # the agent already appended an exit message and journaled the turn
-            exit_status, message = type(e).__name__, _error_text(e)
-            info = {"submission": ""}
-        result.outcome = Outcome(status=_outcome_status(exit_status), exit_status=exit_status, message=message,
-                                 submission=info.get("submission", "") or "", turns=turn_number - first_turn + 1,
-                                 tokens_in=totals["in"], tokens_out=totals["out"],
-                                 wall_s=round(time.monotonic() - started, 3),
-                                 final_checkpoint=result.checkpoints[-1] if result.checkpoints else (
-                                     parent.checkpoint if parent else None))
-        writer.write(result.outcome)
-        if on_finish is not None:
-            on_finish(sandbox, result.outcome)
-    finally:
-        writer.close()
-        if not spec.keep_sandbox:
-            sandbox.destroy()
-    return result
+    def outcome(self, exit_status: str, message: str, submission: str, *, wall_s: float) -> Outcome:
+        checkpoints, parent = self.result.checkpoints, self.start_at.parent
+        return Outcome(status=_outcome_status(exit_status), exit_status=exit_status, message=message,
+                       submission=submission, turns=self.turn_number - self.start_at.first_turn + 1,
+                       tokens_in=self.tokens_in, tokens_out=self.tokens_out, wall_s=round(wall_s, 3),
+                       final_checkpoint=checkpoints[-1] if checkpoints else (parent.checkpoint if parent else None))
 
 
 def _error_text(e: Exception) -> str:

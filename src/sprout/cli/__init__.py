@@ -22,14 +22,24 @@ from ..console import run_cli
 Command = Callable[[argparse.Namespace], int | None]
 
 
-def groups() -> list[tuple[str, Callable[[argparse._SubParsersAction], None]]]:
-    """The subcommands' modules, in the order `sprout --help` lists them (imported here: each pulls in
-    only what its commands need when they run)."""
-    from . import agent, evaluation, report, rl_driver, runstore, sandbox, services, swe_rebench, worker
+def adders() -> list[Callable[[argparse._SubParsersAction], None]]:
+    """What adds each subcommand, in the order `sprout --help` lists them (each module imports what its
+    commands need when they run, not when the parser is built)."""
+    from . import (
+        agent,
+        doctor,
+        evaluation,
+        report,
+        rl_driver,
+        runstore,
+        sandbox,
+        services,
+        swe_rebench,
+        worker,
+    )
 
-    return [("agent", agent.add), ("sandbox", sandbox.add), ("evaluation", evaluation.add),
-            ("report", report.add), ("services", services.add), ("worker", worker.add),
-            ("runstore", runstore.add), ("rl-driver", rl_driver.add), ("swe-rebench", swe_rebench.add)]
+    return [doctor.add, agent.add, sandbox.add, evaluation.add, report.add, services.add, worker.add, runstore.add,
+            rl_driver.add, swe_rebench.add, agent.add_tools]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -38,7 +48,7 @@ def parser() -> argparse.ArgumentParser:
         "Exit status: 0 done, 1 failed, 2 usage."))
     p.add_argument("--version", action="version", version=f"sprout {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for _, add in groups():
+    for add in adders():
         add(sub)
     return p
 

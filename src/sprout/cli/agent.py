@@ -69,6 +69,7 @@ def _print_turn(event) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from ..agent.journal import read_journal
     from ..agent.models import Endpoint
     from ..agent.runner import RolloutSpec, run_rollout
     from ..jobs.journals import discard
@@ -86,7 +87,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         result = run_rollout(spec, store, on_event=lambda e: console.print(
             f"  turn {e.turn.turn}: {e.turn.commands[:1]} -> checkpoint {e.turn.checkpoint}"))
     console.print(f"{result.outcome.status} after {result.outcome.turns} turns; journal {args.journal}\n")
-    console.print(snapshots_table(args.journal, store))
+    console.print(snapshots_table(read_journal(args.journal), str(args.journal)))
     console.print(f"\nnext: sprout report export {args.journal}   |   sprout run --from {args.journal} --turn 1 ...",
                   markup=False)
     return 0 if result.outcome.status == "submitted" else 1
@@ -120,6 +121,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     flags.add(s, "store", "runtime_bin", "backend")
     s.set_defaults(func=cmd_run)
 
+
+def add_tools(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("demo", help="a dry run: a scripted model drives the fizzbuzz task end to end", description=(
         "Starts the scripted model server (a real OpenAI-compatible HTTP server replaying a fixed script), runs "
         "the fizzbuzz task end to end in a real sandbox with a checkpoint per turn, then prints the journal's "

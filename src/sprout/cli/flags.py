@@ -11,7 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ValidationError
+
 from ..agent import defaults
+from ..errors import UsageError
 from ..sandbox import backends
 from ..tasks.pull import PULL_HELP, PULL_POLICIES
 
@@ -89,6 +92,20 @@ FLAGS: dict[str, Flag] = {
     "token_file": Flag(("--token-file",), {"type": Path, "metavar": "FILE", "help": (
         "a file holding the Run Store token (default: $SPROUT_RUNSTORE_TOKEN)")}),
 }
+
+
+def build[M: BaseModel](config_class: type[M], /, **values: Any) -> M:
+    """A library config built from flags; a value it refuses is one usage error naming its flag."""
+    try:
+        return config_class(**values)
+    except ValidationError as e:
+        first = e.errors()[0]
+        flag = "--" + str(first["loc"][-1]).replace("_", "-") if first["loc"] else "the flags"
+        if first["type"] in ("greater_than_equal", "greater_than"):
+            bound = (first.get("ctx") or {}).get("ge", (first.get("ctx") or {}).get("gt"))
+            raise UsageError(f"{flag} must be {'at least' if first['type'] == 'greater_than_equal' else 'more than'} "
+                             f"{bound}") from None
+        raise UsageError(f"{flag}: {first['msg']}") from None
 
 
 def add(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *names: str,

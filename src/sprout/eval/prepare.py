@@ -1,25 +1,21 @@
-"""python -m sprout.eval.prepare: pin a dataset: Harbor digests, task images, a preparation manifest.
-
-    python -m sprout.eval.prepare --tasks-dir DIR -o runs/prep.json [--task-ids-file IDS]
+"""Pinning a dataset, `prepare(...)`: Harbor digests, task images, a preparation manifest.
 
 Computes every task's Harbor digest and the dataset's, builds each runnable task's image (offline,
-cached by its environment's hash) and writes the manifest that `sprout.eval.evaluate` and
-`sprout.eval.benchmark` check before they run. A task that cannot run is listed with its problem.
-With --task-ids-file only the tasks it names are prepared (the dataset digest still covers every
-task) and the manifest records the file (path, sha256, count, checked against a SHA256SUMS beside
-the dataset or not). Prints the dataset digest (pass it as --dataset-digest).
+cached by its environment's hash) and writes the manifest that an evaluation and a benchmark check
+before they run. A task that cannot run is listed with its problem. With task ids only the tasks they
+name are prepared (the dataset digest still covers every task) and the manifest records the file (path,
+sha256, count, checked against a SHA256SUMS beside the dataset or not).
 """
 
-import argparse
 from pathlib import Path
 
 from rich.progress import Progress
 
-from ..console import console, errors, run_cli
+from ..console import console
 from ..sandbox import Store
 from ..tasks import TaskError, ensure_image, load_task
-from ..tasks.dataset import TaskIds, describe, load_task_ids, task_dirs
-from ..tasks.pull import PULL_HELP, PULL_POLICIES, PullPolicy
+from ..tasks.dataset import TaskIds, task_dirs
+from ..tasks.pull import PullPolicy
 from .provenance import (
     PreparationManifest,
     PreparedDataset,
@@ -71,32 +67,7 @@ def _prepare_task(task_dir: Path, store: Store | None, pull: PullPolicy | None) 
     return PreparedTask(name=task_dir.name, digest=digest, image=image)
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m sprout.eval.prepare", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tasks-dir", type=Path, required=True, help="directory of Harbor task directories")
-    p.add_argument("-o", "--output", type=Path, required=True, help="manifest to write (JSON)")
-    p.add_argument("--name", help="dataset name, org/name (default: dataset.toml's, else local/<dir name>)")
-    p.add_argument("--task-ids-file", type=Path, metavar="IDS",
-                   help="prepare only the tasks named in this file (one directory name a line, # comments), "
-                        "e.g. SWE-bench Pro's v2/hard51_ids.txt")
-    p.add_argument("--no-images", action="store_true", help="only digests: do not pull or build the task images")
-    p.add_argument("--pull", choices=PULL_POLICIES, default=None, help=PULL_HELP)
-    p.add_argument("--store", type=Path, help="btrfs store (default: $SPROUT_STORE or ~/sprout-btrfs)")
-    args = p.parse_args(argv)
-    task_ids = load_task_ids(args.task_ids_file, args.tasks_dir) if args.task_ids_file else None
-    store = None if args.no_images else Store(args.store)
-    manifest = prepare(args.tasks_dir, args.output, name=args.name, store=store, task_ids=task_ids, pull=args.pull)
-    if manifest.task_ids:
-        console.print(f"tasks: {describe(manifest.task_ids)}")
-    for task in manifest.tasks:
-        if task.problem:
-            errors.print(f"skipped: {task.problem}")
-    ready = sum(1 for t in manifest.tasks if not t.problem)
-    console.print(f"{manifest.dataset.name}: {ready} of {len(manifest.tasks)} tasks ready; wrote {args.output}")
-    console.print(f"dataset digest {manifest.dataset.digest}")
-    return 0
+if __name__ == "__main__":  # the seed's form of `sprout prepare`
+    from ..cli import alias
 
-
-if __name__ == "__main__":
-    run_cli(main)
+    alias(["prepare"])

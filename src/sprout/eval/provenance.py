@@ -121,7 +121,7 @@ def read_manifest(path: Path) -> PreparationManifest:
     try:
         return PreparationManifest.model_validate_json(Path(path).read_text())
     except FileNotFoundError:
-        raise SproutError(f"no preparation manifest at {path} (write one: python -m sprout.eval.prepare "
+        raise SproutError(f"no preparation manifest at {path} (write one: sprout prepare "
                           "--tasks-dir DIR -o FILE)") from None
     except ValidationError as e:
         first = e.errors()[0]

@@ -64,7 +64,7 @@ class EndpointRef(BaseModel):
         known = (info.context or {}).get("endpoints")
         if self.name is not None and known is not None and self.name not in known:
             raise ValueError(f"no endpoint named {self.name!r} is configured on this Run Store (configured: "
-                             f"{', '.join(sorted(known)) or 'none'}; see `python -m sprout.services init --endpoint`)")
+                             f"{', '.join(sorted(known)) or 'none'}; see `sprout services init --endpoint`)")
         return self
 
 

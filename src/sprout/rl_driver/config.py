@@ -1,6 +1,6 @@
 """The driver's configuration: where tasks are, who may call it, where groups are kept, where samples run.
 
-A JSON file (`serve --config FILE`, written by `python -m sprout.services setup`) with the keys of the
+A JSON file (`serve --config FILE`, written by `sprout services setup`) with the keys of the
 contract's driver config that apply to Harbor tasks; command-line flags override it:
 
     {"driver_token_env": "SPROUT_RL_DRIVER_TOKEN", "ledger": "/srv/rl/driver.sqlite3",

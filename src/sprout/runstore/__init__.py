@@ -1,7 +1,7 @@
 """The Run Store: the queue of jobs that workers on many hosts claim under leases.
 
 * ``store.RunStore``: the store itself, over SQLite or PostgreSQL (needs the ``runstore`` extra).
-* ``api.create_app``: its HTTP API; ``python -m sprout.runstore.api`` serves it.
+* ``api.create_app``: its HTTP API; ``sprout runstore serve`` serves it.
 * ``client.RunStoreClient``: the HTTP client, with the store's methods and models.
 * ``kinds``: the job kinds a store accepts (it is told them when opened) and their payload models.
 

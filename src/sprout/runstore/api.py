@@ -1,6 +1,4 @@
-"""HTTP API of the Run Store (FastAPI).
-
-    python -m sprout.runstore.api --db URL --host 127.0.0.1 --port 8470 --tokens TOKENS_FILE
+"""HTTP API of the Run Store (FastAPI): `create_app(store, tokens)`; `sprout runstore serve` serves it.
 
 Every route but ``/health`` and the docs needs ``Authorization: Bearer <token>``: a
 missing or unknown token gets 401 before the body is read, a token of the wrong scope
@@ -9,10 +7,8 @@ JSON ``{"error": "<class name>", "detail": "<message>"}``; the client turns them
 into the classes of ``sprout.runstore.errors``.
 """
 
-import argparse
 import asyncio
 import logging
-import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Annotated, Any
 
@@ -23,8 +19,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from . import sse
-from .auth import Scope, TokensFileError, TokenTable, load_tokens
-from .errors import Forbidden, HostNotFound, InvalidRequest, RunStoreError, StoreOpenError, Unauthorized
+from .auth import Scope, TokenTable
+from .errors import Forbidden, HostNotFound, InvalidRequest, RunStoreError, Unauthorized
 from .guard import DEFAULT_MAX_BODY_BYTES, Guard, error_response
 from .models import (
     INT64_MAX,
@@ -76,8 +72,6 @@ def create_app(
     """The API over ``store``; ``tokens`` maps sha256 hex digests of tokens to scopes.
     Request bodies over ``max_body_bytes`` are refused (413)."""
     table = tokens if isinstance(tokens, TokenTable) else TokenTable(dict(tokens))
-    changes = Changes()
-    bearer = HTTPBearer(auto_error=False, description="A token of scope worker, submitter or admin")
     app = FastAPI(
         title="Sprout Run Store",
         version="1",
@@ -87,6 +81,9 @@ def create_app(
     app.add_middleware(
         Guard, tokens=table, max_body_bytes=max_body_bytes, open_paths={p for p in open_paths if p}
     )
+    _add_error_handlers(app)
+    api = _Api(store, Changes(), poll_s)
+    bearer = HTTPBearer(auto_error=False, description="A token of scope worker, submitter or admin")
 
     def require(scope: Scope) -> Any:
         def check(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
@@ -100,9 +97,35 @@ def create_app(
 
         return Depends(check)
 
-    worker = [require(Scope.WORKER)]
-    submitter = [require(Scope.SUBMITTER)]
+    @app.get("/health", tags=["health"])
+    async def health() -> JSONResponse:
+        try:
+            version = await api.call(store.schema_version, changed=False)
+        except Exception:
+            log.exception("health check failed")
+            return JSONResponse({"status": "unavailable"}, 503)
+        return JSONResponse({"status": "ok", "database": store.dialect, "schema_version": version})
 
+    _add_submitter_routes(app, api, [require(Scope.SUBMITTER)])
+    _add_worker_routes(app, api, [require(Scope.WORKER)])
+    return app
+
+
+class _Api:
+    """What the routes share: the store, the change notifier that wakes long-polls, how often they look."""
+
+    def __init__(self, store: RunStore, changes: Changes, poll_s: float) -> None:
+        self.store, self.changes, self.poll_s = store, changes, poll_s
+
+    async def call(self, fn: Callable[..., Any], *args: Any, changed: bool = True, **kwargs: Any) -> Any:
+        """`fn` in a worker thread (the store blocks); `changed`: wake the long-polls afterwards."""
+        result = await run_in_threadpool(fn, *args, **kwargs)
+        if changed:
+            self.changes.notify()
+        return result
+
+
+def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RunStoreError)
     async def store_error(_request: Request, exc: RunStoreError) -> JSONResponse:
         return error_response(exc)
@@ -115,22 +138,9 @@ def create_app(
     async def value_error(_request: Request, exc: ValueError) -> JSONResponse:
         return JSONResponse({"error": "InvalidRequest", "detail": str(exc)}, 422)
 
-    async def call(fn: Callable[..., Any], *args: Any, changed: bool = True, **kwargs: Any) -> Any:
-        result = await run_in_threadpool(fn, *args, **kwargs)
-        if changed:
-            changes.notify()
-        return result
 
-    @app.get("/health", tags=["health"])
-    async def health() -> JSONResponse:
-        try:
-            version = await call(store.schema_version, changed=False)
-        except Exception:
-            log.exception("health check failed")
-            return JSONResponse({"status": "unavailable"}, 503)
-        return JSONResponse({"status": "ok", "database": store.dialect, "schema_version": version})
-
-    # -- submitter ---------------------------------------------------------------------
+def _add_submitter_routes(app: FastAPI, api: _Api, submitter: list[Any]) -> None:
+    store, changes, poll_s, call = api.store, api.changes, api.poll_s, api.call
 
     @app.post("/v1/jobs", status_code=201, dependencies=submitter, tags=["submitter"])
     async def submit(spec: JobSpec) -> Job:
@@ -204,7 +214,9 @@ def create_app(
                 quiet_since = now
             await changes.wait(ticket, poll_s)
 
-    # -- worker ------------------------------------------------------------------------
+
+def _add_worker_routes(app: FastAPI, api: _Api, worker: list[Any]) -> None:
+    store, changes, poll_s, call = api.store, api.changes, api.poll_s, api.call
 
     @app.post("/v1/claims", dependencies=worker, tags=["worker"])
     async def claim(req: ClaimRequest) -> list[Claim]:
@@ -251,68 +263,20 @@ def create_app(
             raise HostNotFound(f"no worker has registered host {name!r}")
         return host
 
-    return app
 
-
-def positive_int(text: str) -> int:
-    """An argparse type: an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
-def main(argv: list[str] | None = None) -> int:
+def serve(store: RunStore, tokens: TokenTable, *, host: str = "127.0.0.1", port: int = 8470,
+          log_level: str = "info", max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+    """Serves the API over `store` until interrupted; the store is closed at the end."""
     import uvicorn
 
-    from ..jobs.payloads import job_kinds
-
-    parser = argparse.ArgumentParser(
-        prog="python -m sprout.runstore.api", description="Serve the Sprout Run Store API."
-    )
-    parser.add_argument(
-        "--db", required=True, help="a SQLite file path, sqlite:///PATH or postgresql+psycopg://..."
-    )
-    parser.add_argument(
-        "--tokens", required=True, help='JSON file {"<sha256 hex>": "worker"|"submitter"|"admin"}'
-    )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8470)
-    parser.add_argument(
-        "--endpoints", default="", metavar="NAME,...",
-        help="model endpoint names the workers have configured (services.json); jobs may name only these",
-    )
-    parser.add_argument(
-        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
-    )
-    parser.add_argument(
-        "--max-body-bytes",
-        type=positive_int,
-        default=DEFAULT_MAX_BODY_BYTES,
-        help=f"largest request body accepted; bigger ones get 413 (default {DEFAULT_MAX_BODY_BYTES})",
-    )
-    args = parser.parse_args(argv)
     try:
-        tokens = load_tokens(args.tokens)
-        store = RunStore(args.db, job_kinds([n for n in args.endpoints.split(",") if n]))
-    except (TokensFileError, StoreOpenError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        uvicorn.run(
-            create_app(store, tokens, max_body_bytes=args.max_body_bytes),
-            host=args.host,
-            port=args.port,
-            log_level=args.log_level,
-            timeout_graceful_shutdown=5,
-        )
+        uvicorn.run(create_app(store, tokens, max_body_bytes=max_body_bytes), host=host, port=port,
+                    log_level=log_level, timeout_graceful_shutdown=5)
     finally:
         store.close()
-    return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the seed's form of `sprout runstore serve`
+    from ..cli import alias
+
+    alias(["runstore", "serve"])

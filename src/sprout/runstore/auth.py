@@ -4,17 +4,15 @@ Tokens are kept only as sha256 hashes, in a JSON file ``{"<sha256 hex>": "<scope
 Scopes: ``worker`` (claim, heartbeat, complete, fail, release), ``submitter`` (submit,
 get, list, cancel, events) and ``admin`` (both).
 
-    python -m sprout.runstore.auth add TOKENS_FILE --scope worker   # prints a new token
+    sprout runstore token TOKENS_FILE --scope worker   # prints a new token
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import hmac
 import json
 import secrets
-import sys
 from enum import StrEnum
 from pathlib import Path
 
@@ -86,22 +84,7 @@ def add_token(path: str | Path, scope: Scope) -> str:
     return token
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m sprout.runstore.auth", description=__doc__.splitlines()[0]
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    add = sub.add_parser("add", help="create a token, store its hash, print the token")
-    add.add_argument("tokens_file")
-    add.add_argument("--scope", choices=[s.value for s in Scope], required=True)
-    args = parser.parse_args(argv)
-    try:
-        print(add_token(args.tokens_file, Scope(args.scope)))
-    except (OSError, ValueError) as exc:
-        print(f"error: cannot update {args.tokens_file}: {exc}", file=sys.stderr)
-        return 1
-    return 0
+if __name__ == "__main__":  # the seed's form of `sprout runstore token` (`add TOKENS_FILE --scope S`)
+    from ..cli import alias
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+    alias(["runstore", "token"], lambda argv: argv[1:] if argv[:1] == ["add"] else argv)

@@ -60,7 +60,7 @@ def inspect_image(name: str) -> ImageConfig:
     proc = shell.run([*command(), "image", "inspect", name], check=False)
     if proc.returncode != 0:
         raise ImageNotFound(f"podman has no image {name!r} (build it, `podman import` it, or run "
-                            "`python -m sprout.sandbox images bootstrap` for the base images)")
+                            "`sprout sandbox images bootstrap` for the base images)")
     info = json.loads(proc.stdout)[0]
     config = info.get("Config") or {}
     env = dict(item.partition("=")[::2] for item in config.get("Env") or [])

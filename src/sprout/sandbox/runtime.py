@@ -311,7 +311,7 @@ USAGE = """usage: sprout-runtime exec --profile FILE [--cwd DIR] [--env K=V]... 
 
 Runs COMMAND inside a running Sprout sandbox, confined like `podman exec`: the sandbox's cgroups,
 namespaces, capability sets, seccomp filter, user and image environment (never this shell's).
-FILE is the sandbox's exec profile (`python -m sprout.sandbox inspect SANDBOX` shows its path).
+FILE is the sandbox's exec profile (`sprout sandbox inspect SANDBOX` shows its path).
 Exit status: the command's; 124 on timeout (its whole process tree is killed); 125 on a runtime error.
 """
 

@@ -316,7 +316,7 @@ class Store:
                     row = candidate
                     break
         if row is None:
-            raise ImageNotFound(f"no image {name!r} in the store (import it: python -m sprout.sandbox "
+            raise ImageNotFound(f"no image {name!r} in the store (import it: sprout sandbox "
                                 f"images import {name})")
         return Image(self, row["key"], row["image_id"], json.loads(row["names"]),
                      _image_config(json.loads(row["config"])))

@@ -145,7 +145,7 @@ def load(directory: Path | None = None) -> ServicesConfig:
     if not path.exists():
         from ..errors import SproutError
 
-        raise SproutError(f"no services config at {path}: run `python -m sprout.services init` (or `setup`)")
+        raise SproutError(f"no services config at {path}: run `sprout services init` (or `setup`)")
     try:
         return ServicesConfig.model_validate_json(path.read_text())
     except ValidationError as e:

@@ -1,6 +1,6 @@
 """Background services with pid files and logs: start, health, restart on crash, stop.
 
-`up` starts `python -m sprout.services _supervise NAME` detached; that supervisor runs the service,
+`up` starts `python -m sprout services _supervise NAME` detached; that supervisor runs the service,
 restarts it with backoff if it dies, and on SIGTERM passes the signal on (so a worker drains) and
 waits for it to exit. The pid file names the supervisor, the child and when it started.
 """
@@ -17,7 +17,9 @@ from pathlib import Path
 
 import httpx
 
+from ..errors import SproutError
 from ..jobs.endpoints import ENDPOINTS_ENV, render_endpoints
+from ..sandbox.backends import Check
 from ..worker.serve import STOP_GRACE_S
 from .config import (
     PROXY_KEY_ENV,
@@ -25,6 +27,7 @@ from .config import (
     RL_DRIVER_TOKEN_ENV,
     ServicesConfig,
     config_dir,
+    load,
     proxy_key,
     rl_driver_token,
     token,
@@ -65,11 +68,11 @@ class Status:
 def command(name: str, config: ServicesConfig, directory: Path) -> list[str]:
     py = sys.executable
     if name == "runstore-api":
-        return [py, "-m", "sprout.runstore.api", "--db", config.db_url(directory), "--host", config.runstore_host,
+        return [py, "-m", "sprout", "runstore", "serve", "--db", config.db_url(directory), "--host", config.runstore_host,
                 "--port", str(config.runstore_port), "--tokens", str(directory / "secrets" / "tokens.json"),
                 "--log-level", "warning", *(["--endpoints", ",".join(config.endpoints)] if config.endpoints else [])]
     if name == "runstore-worker":
-        return [py, "-m", "sprout.worker", "serve", "--url", config.url, "--token-file",
+        return [py, "-m", "sprout", "worker", "serve", "--url", config.url, "--token-file",
                 str(directory / "secrets" / "worker.token"), "--slots", str(config.worker_slots),
                 "--drain-timeout", str(config.worker_drain_s), "--host-id",
                 config.worker_host_id, "--alive-file", str(directory / "run" / "runstore-worker.alive"),
@@ -78,7 +81,7 @@ def command(name: str, config: ServicesConfig, directory: Path) -> list[str]:
         return [py, "-m", "litellm.proxy.proxy_cli", "--config", str(directory / "litellm.yaml"),
                 "--host", config.proxy.host, "--port", str(config.proxy.port)]
     if name == "rl-driver" and config.rl_driver:
-        return [py, "-m", "sprout.rl_driver", "serve", "--config", str(directory / RL_DRIVER_CONFIG)]
+        return [py, "-m", "sprout", "rl-driver", "serve", "--config", str(directory / RL_DRIVER_CONFIG)]
     raise ValueError(name)
 
 
@@ -109,10 +112,10 @@ def preflight(name: str, config: ServicesConfig, directory: Path) -> str | None:
     if name != "litellm-proxy":
         return None
     if config.proxy is None:
-        return ("litellm-proxy is not configured: run `python -m sprout.services init --proxy-model NAME "
+        return ("litellm-proxy is not configured: run `sprout services init --proxy-model NAME "
                 "--proxy-provider-model PROVIDER/MODEL ...` (or `setup`)")
     if not (directory / "litellm.yaml").exists() or proxy_key(directory) is None:
-        return f"no litellm.yaml or master key in {directory}: run `python -m sprout.services init` (or `setup`)"
+        return f"no litellm.yaml or master key in {directory}: run `sprout services init` (or `setup`)"
     if config.proxy.key_env and config.proxy.key_env not in os.environ:
         return f"{config.proxy.key_env} (the provider's key for litellm-proxy) is not set: export it first"
     return None
@@ -121,17 +124,17 @@ def preflight(name: str, config: ServicesConfig, directory: Path) -> str | None:
 def _rl_driver_preflight(config: ServicesConfig, directory: Path) -> str | None:
     driver = config.rl_driver
     if driver is None:
-        return ("rl-driver is not configured: run `python -m sprout.services init --rl-driver-tasks-dir DIR` "
+        return ("rl-driver is not configured: run `sprout services init --rl-driver-tasks-dir DIR` "
                 "(or `setup`)")
     if not (directory / RL_DRIVER_CONFIG).exists() or rl_driver_token(directory) is None:
         return (f"no {RL_DRIVER_CONFIG} or RL driver token in {directory}: "
-                "run `python -m sprout.services init` (or `setup`)")
+                "run `sprout services init` (or `setup`)")
     if not (directory / "secrets" / "submitter.token").exists():
         return (f"no Run Store tokens in {directory}/secrets: "
-                "run `python -m sprout.services init` (or `setup`)")
+                "run `sprout services init` (or `setup`)")
     if not Path(driver.tasks_dir).is_dir():
         return (f"the RL driver's tasks directory {driver.tasks_dir} does not exist: create it, or name "
-                "another with `python -m sprout.services init --rl-driver-tasks-dir DIR --force`")
+                "another with `sprout services init --rl-driver-tasks-dir DIR --force`")
     return None
 
 
@@ -215,7 +218,7 @@ def up(name: str, config: ServicesConfig, directory: Path, wait_s: float | None 
     log_path = directory / "logs" / f"{name}.log"
     with open(log_path, "ab") as log:
         offset = log.tell()
-        subprocess.Popen([sys.executable, "-m", "sprout.services", "_supervise", name], stdin=subprocess.DEVNULL,
+        subprocess.Popen([sys.executable, "-m", "sprout", "services", "_supervise", name], stdin=subprocess.DEVNULL,
                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                          env=service_env(config, directory, name))
     deadline = time.monotonic() + wait_s
@@ -298,3 +301,29 @@ def supervise(name: str) -> int:
         time.sleep(backoff)
         backoff = 1.0 if time.time() - started > 60 else min(backoff * 2, 30)
     return 0
+
+
+def proxy_check() -> Check | None:
+    """The bundled LiteLLM proxy, when services.json configures one: up (readiness) and serving its model."""
+    if not (config_dir() / "services.json").exists():
+        return None
+    try:
+        proxy = load().proxy
+    except SproutError as e:
+        return Check("llm proxy", False, str(e))
+    if proxy is None:
+        return None
+    root = proxy.url.removesuffix("/v1")
+    try:
+        httpx.get(f"{root}/health/readiness", timeout=3).raise_for_status()
+        response = httpx.get(f"{proxy.url}/models", timeout=5,
+                             headers={"Authorization": f"Bearer {proxy_key() or ''}"})
+        response.raise_for_status()
+    except httpx.HTTPError as e:
+        return Check("llm proxy", False, f"{proxy.url} does not answer ({type(e).__name__}: {e}): "
+                                         "run sprout services up litellm-proxy")
+    served = [m.get("id") for m in response.json().get("data", [])]
+    if proxy.model_name not in served:
+        return Check("llm proxy", False, f"{proxy.url} serves {served}, not {proxy.model_name!r}: restart it "
+                                         "(sprout services down litellm-proxy; up litellm-proxy)")
+    return Check("llm proxy", True, f"{proxy.url} serves {proxy.model_name} ({proxy.provider_model})")

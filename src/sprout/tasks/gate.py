@@ -1,7 +1,7 @@
 """The gate for one task: its reference solution (oracle) must score 1 and doing nothing (nop) 0,
 each run in a fresh sandbox of the task's image: the oracle's solve.sh under the agent phase's
 network, the final checkpoint taken, then Harbor's verifier run in that same live sandbox (so a
-server solve.sh left running is there, as in Harbor). `gate_task` is what `python -m sprout.eval.gate` runs per task, in-process or as a
+server solve.sh left running is there, as in Harbor). `gate_task` is what `sprout gate` runs per task, in-process or as a
 Run Store `gate` job on a worker."""
 
 import asyncio

@@ -174,7 +174,7 @@ class SproutEnvironment(BaseEnvironment):
             self._sandbox = None
         else:
             await asyncio.to_thread(sandbox.stop)
-            self.logger.info(f"kept the disk of sandbox {sandbox.id} (python -m sprout.sandbox start {sandbox.id})")
+            self.logger.info(f"kept the disk of sandbox {sandbox.id} (sprout sandbox start {sandbox.id})")
 
     async def _user(self) -> tuple[int, int, str]:
         if self._identity is None:

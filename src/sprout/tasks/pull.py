@@ -26,7 +26,7 @@ from .errors import TaskImageError
 PullPolicy = Literal["missing", "always", "never"]
 PULL_POLICIES: tuple[str, ...] = get_args(PullPolicy)
 OFFLINE_HELP = ("to provide it offline: `podman load -i IMAGE.tar` (a `podman save` of it from a host with a "
-                "registry), or `podman import ROOTFS.tar NAME`, or `python -m sprout.sandbox images bootstrap` for "
+                "registry), or `podman import ROOTFS.tar NAME`, or `sprout sandbox images bootstrap` for "
                 "the common base images (python:3.11/3.12, debian:bookworm, ubuntu:22.04/24.04)")
 
 PULL_HELP = ("pull policy for a task's docker_image and its Dockerfile's FROM images: missing (pull what podman "

@@ -42,12 +42,10 @@ with an API key set, must carry "Authorization: Bearer KEY" (else 401).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
 import signal
-import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -58,6 +56,8 @@ from typing import Any, Self
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ..errors import UsageError
 
 ACTION_FENCE = "mswea_bash_command"
 
@@ -417,31 +417,15 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command line entry point: serve a script file until SIGINT/SIGTERM."""
-    parser = argparse.ArgumentParser(
-        prog="python -m sprout.testing.scripted_model",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--script", required=True, help="JSON script file (format above)")
-    parser.add_argument("--port", type=int, default=0, help="port to listen on; 0 (default) picks a free one")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--record", help="also append every recorded request to this JSONL file")
-    parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (401 otherwise)")
-    parser.add_argument("--delay", type=float, default=0.0, help="seconds every chat answer waits (default 0)")
-    args = parser.parse_args(argv)
+def serve(script: str | Path, *, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
+          record: str | Path | None = None, delay_s: float = 0.0) -> int:
+    """Serves a script file until SIGINT or SIGTERM (`sprout scripted-model`)."""
     try:
-        server = ScriptedModelServer(
-            args.script, host=args.host, port=args.port, api_key=args.api_key, record=args.record,
-            delay_s=args.delay,
-        )
+        server = ScriptedModelServer(script, host=host, port=port, api_key=api_key, record=record, delay_s=delay_s)
     except ScriptError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(str(e)) from None
     except OSError as e:
-        print(f"error: cannot listen on {args.host}:{args.port}: {e.strerror}", file=sys.stderr)
-        return 2
+        raise UsageError(f"cannot listen on {host}:{port}: {e.strerror}") from None
     signal.signal(signal.SIGTERM, _interrupt)
     print(f"scripted model server on {server.base_url} ({len(server.script.steps)} steps)", flush=True)
     try:
@@ -453,5 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the seed's form of `sprout scripted-model`
+    from ..cli import alias
+
+    alias(["scripted-model"])

@@ -1,4 +1,4 @@
-"""`python -m sprout.worker doctor`: one line per host check, each saying what to do when it fails."""
+"""Host checks for `sprout doctor`: one line per check, each saying what to do when it fails."""
 
 import os
 import resource
@@ -50,7 +50,7 @@ def _free_space(store: Store) -> Check:
     text = f"{free / 2**30:.1f} GiB free in {store.root}"
     if free >= MIN_FREE_BYTES:
         return Check("free space", True, text)
-    hint = ("`python -m sprout.sandbox gc --older-than 24` removes old unused checkpoints and images; "
+    hint = ("`sprout sandbox gc --older-than 86400` removes old unused checkpoints and images; "
             "ops/setup_podman.sh grows a loop file")
     return Check("free space", False, f"{text}, under {MIN_FREE_BYTES >> 30} GiB: {hint}")
 
@@ -123,7 +123,7 @@ def _base_images(store: Store) -> Check:
         except SproutError:
             missing.append(recipe.tags[0])
     if missing:
-        return Check("base images", False, f"missing {', '.join(missing)}: run python -m sprout.sandbox images bootstrap")
+        return Check("base images", False, f"missing {', '.join(missing)}: run sprout sandbox images bootstrap")
     return Check("base images", True, ", ".join(r.tags[0].removeprefix("docker.io/library/") for r in RECIPES))
 
 
@@ -186,36 +186,6 @@ def _backend_checks(store: Store | None, backend: backends.SandboxBackend, ready
     return checks + [round_trip(smoke, store, backend.smoke.detail, backend.smoke)]
 
 
-def _litellm_proxy() -> Check | None:
-    """The bundled LiteLLM proxy, when services.json configures one: up (readiness) and serving its model."""
-    import httpx
-
-    from ..services.config import config_dir, load, proxy_key
-
-    if not (config_dir() / "services.json").exists():
-        return None
-    try:
-        proxy = load().proxy
-    except SproutError as e:
-        return Check("llm proxy", False, str(e))
-    if proxy is None:
-        return None
-    root = proxy.url.removesuffix("/v1")
-    try:
-        httpx.get(f"{root}/health/readiness", timeout=3).raise_for_status()
-        response = httpx.get(f"{proxy.url}/models", timeout=5,
-                             headers={"Authorization": f"Bearer {proxy_key() or ''}"})
-        response.raise_for_status()
-    except httpx.HTTPError as e:
-        return Check("llm proxy", False, f"{proxy.url} does not answer ({type(e).__name__}: {e}): "
-                                         "run python -m sprout.services up litellm-proxy")
-    served = [m.get("id") for m in response.json().get("data", [])]
-    if proxy.model_name not in served:
-        return Check("llm proxy", False, f"{proxy.url} serves {served}, not {proxy.model_name!r}: restart it "
-                                         "(python -m sprout.services down litellm-proxy; up litellm-proxy)")
-    return Check("llm proxy", True, f"{proxy.url} serves {proxy.model_name} ({proxy.provider_model})")
-
-
 def run_checks(store_root: Path | None = None, runtime_bin: Path | None = None,
                backend: str = backends.DEFAULT) -> list[Check]:
     """Every check of this host, for containers and, when `backend` names another, that backend too."""
@@ -234,8 +204,7 @@ def run_checks(store_root: Path | None = None, runtime_bin: Path | None = None,
             checks.append(Check("smoke test", False, "skipped: fix the failures above first"))
     if backend != backends.DEFAULT:
         checks += _backend_checks(store, backends.get(backend), ready=all(c.ok for c in checks))
-    proxy = _litellm_proxy()
-    return checks + ([proxy] if proxy else [])
+    return checks
 
 
 def as_json(checks: list[Check]) -> dict:

@@ -1,9 +1,7 @@
-"""The Run Store worker loop: claims jobs for its host and capacity, runs them, heartbeats, reports.
+"""The Run Store worker loop, `serve(WorkerConfig)`: claims jobs for its host and capacity, runs them,
+heartbeats, reports.
 
-    python -m sprout.worker serve --slots 2 [--host-id NAME] [--kinds rollout,grade]
-
-URL and token come from SPROUT_RUNSTORE_URL / SPROUT_RUNSTORE_TOKEN (what `services env` exports) or
---url / --token-file. On start it reaps what a killed worker left on this host (sandboxes and
+On start it reaps what a killed worker left on this host (sandboxes and
 checkpoints whose owner process is gone). On SIGTERM it drains: claims nothing more, lets running jobs
 finish for up to --drain-timeout seconds, then stops the ones still running (a rollout stops between
 turns, its sandbox and half journal discarded) and only then releases their leases, so other workers
@@ -15,12 +13,10 @@ checkpoint is on another host (claimed past its affinity timeout) has that check
 (sprout.worker.shipping).
 """
 
-import argparse
 import logging
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 import traceback
@@ -30,6 +26,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import SproutError, UsageError
 from ..runstore.client import RunStoreClient
 from ..runstore.errors import LeaseLost, RunStoreError
 from ..runstore.models import Claim
@@ -182,72 +181,69 @@ class Worker:
             log.error("could not report a result: %s", e)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from ..errors import SproutError
-    from .handlers import default_handlers, store_for
-    from .shipping import ShipServer, fetch_checkpoint
+class WorkerConfig(BaseModel):
+    """A worker: which Run Store, which host it serves and how much it takes on."""
 
-    p = argparse.ArgumentParser(prog="python -m sprout.worker serve", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--url", default=os.environ.get("SPROUT_RUNSTORE_URL"), help="Run Store API URL")
-    p.add_argument("--token-file", type=Path, help="file holding a worker token (default $SPROUT_RUNSTORE_TOKEN)")
-    p.add_argument("--host-id", default=socket.gethostname(), help="this host's name for job affinity")
-    p.add_argument("--slots", type=int, default=1, help="jobs run at once (default 1)")
-    p.add_argument("--kinds", help="comma-separated job kinds to take (default: all this worker can run)")
-    p.add_argument("--lease", type=float, default=120.0, help="lease seconds, renewed by heartbeats")
-    p.add_argument("--drain-timeout", type=float, default=600.0, help="seconds to finish jobs on SIGTERM")
-    p.add_argument("--alive-file", type=Path, help="touched on every claim loop (for `services status`)")
-    p.add_argument("--ship-listen", metavar="ADDR:PORT",
-                   help="serve this host's checkpoints to other hosts' workers there (e.g. 0.0.0.0:8471; port 0: "
-                        "any free port); without it, jobs whose checkpoint is here cannot move elsewhere")
-    p.add_argument("--ship-advertise", metavar="URL",
-                   help="the URL other hosts reach that server at (default http://ADDR:PORT, or this host's name)")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(description="the Run Store API")
+    token: str = Field(description="a worker token (a secret: never printed)", repr=False)
+    host_id: str = Field(default_factory=socket.gethostname, description="this host's name, for job affinity")
+    slots: int = Field(1, ge=1, description="jobs run at once")
+    kinds: list[str] | None = Field(None, description="the job kinds it takes (default: every kind it can run)")
+    lease_s: float = Field(120.0, gt=0, description="lease seconds, renewed by heartbeats")
+    drain_timeout_s: float = Field(600.0, ge=0, description="on SIGTERM, how long running jobs may finish")
+    alive_file: Path | None = Field(None, description="touched on every claim loop (for `sprout services status`)")
+    ship_listen: str | None = Field(None, description="ADDR:PORT where it serves this host's checkpoints to other "
+                                                      "hosts' workers (port 0: any free port)")
+    ship_advertise: str | None = Field(None, description="the URL other hosts reach that server at")
+
+
+def serve(config: WorkerConfig) -> None:
+    """Runs the worker until SIGTERM or SIGINT (then it drains); reaps first what a killed worker left."""
+    from .handlers import default_handlers, store_for
+    from .shipping import fetch_checkpoint
+
     for noisy in ("LiteLLM", "httpx", "minisweagent"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    token = args.token_file.read_text().strip() if args.token_file else os.environ.get("SPROUT_RUNSTORE_TOKEN")
-    if not args.url or not token:
-        print("error: no Run Store: pass --url and --token-file, or eval \"$(python -m sprout.services env)\"",
-              file=sys.stderr)
-        return 2
     handlers = default_handlers()
-    if args.kinds:
-        wanted = set(args.kinds.split(","))
-        unknown = wanted - set(handlers)
-        if unknown:
-            print(f"error: this worker cannot run {', '.join(sorted(unknown))}", file=sys.stderr)
-            return 2
-        handlers = {k: v for k, v in handlers.items() if k in wanted}
-    client = RunStoreClient(args.url, token)
+    if config.kinds:
+        if unknown := set(config.kinds) - set(handlers):
+            raise UsageError(f"this worker cannot run {', '.join(sorted(unknown))} (it runs {', '.join(handlers)})")
+        handlers = {k: v for k, v in handlers.items() if k in config.kinds}
     try:
         for line in store_for().gc():  # what a killed worker left: its sandboxes, half-made subvolumes
             log.info("reaped %s", line)
     except SproutError as e:
         log.warning("could not reap what a killed worker left: %s", e)
-    server = None
-    if args.ship_listen:
-        bind, _, port = args.ship_listen.rpartition(":")
-        if not port.isdigit():
-            print(f"error: --ship-listen wants ADDR:PORT, got {args.ship_listen!r}", file=sys.stderr)
-            return 2
-        try:
-            server = ShipServer(store_for(), token, bind=bind or "0.0.0.0", port=int(port),
-                                advertise=args.ship_advertise)
-        except (OSError, SproutError) as e:
-            print(f"error: cannot serve checkpoints on {args.ship_listen}: {e}", file=sys.stderr)
-            return 2
-        server.start()
-        log.info("serving this host's checkpoints at %s", server.url)
-    worker = Worker(client, handlers, host=args.host_id, slots=args.slots, lease_s=args.lease,
-                    heartbeat_s=max(1.0, min(HEARTBEAT_MAX_S, args.lease / 6)), alive_file=args.alive_file,
-                    fetch=lambda claim: fetch_checkpoint(claim, client, store_for(), token),
+    server = _ship_server(config) if config.ship_listen else None
+    client = RunStoreClient(config.url, config.token)
+    worker = Worker(client, handlers, host=config.host_id, slots=config.slots, lease_s=config.lease_s,
+                    heartbeat_s=max(1.0, min(HEARTBEAT_MAX_S, config.lease_s / 6)), alive_file=config.alive_file,
+                    fetch=lambda claim: fetch_checkpoint(claim, client, store_for(), config.token),
                     ship_url=server.url if server else None)
     signal.signal(signal.SIGTERM, worker.stop)
     signal.signal(signal.SIGINT, worker.stop)
     try:
-        worker.run(drain_timeout_s=args.drain_timeout)
+        worker.run(drain_timeout_s=config.drain_timeout_s)
     finally:
         if server is not None:
             server.stop()
-    return 0
+
+
+def _ship_server(config: WorkerConfig):
+    from .handlers import store_for
+    from .shipping import ShipServer
+
+    assert config.ship_listen is not None
+    bind, _, port = config.ship_listen.rpartition(":")
+    if not port.isdigit():
+        raise UsageError(f"--ship-listen wants ADDR:PORT, got {config.ship_listen!r}")
+    try:
+        server = ShipServer(store_for(), config.token, bind=bind or "0.0.0.0", port=int(port),
+                            advertise=config.ship_advertise)
+    except (OSError, SproutError) as e:
+        raise UsageError(f"cannot serve checkpoints on {config.ship_listen}: {e}") from None
+    server.start()
+    log.info("serving this host's checkpoints at %s", server.url)
+    return server

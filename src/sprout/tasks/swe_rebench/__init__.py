@@ -1,6 +1,6 @@
 """SWE-rebench V2: instances from the dataset's file (instances), the official verdict on a test log
 (verdict), grading as the official harness in a fresh sandbox (grade), Harbor task directories for
-`sprout.eval` (harbor), and the command line (`python -m sprout.tasks.swe_rebench`)."""
+`sprout.eval` (harbor), and the command line (`sprout swe-rebench`)."""
 
 from .grade import SweGrade, agent_diff, grade_instance, touched_test_paths
 from .instances import (

@@ -7,7 +7,7 @@ tests/ with the user's parsers file, run by the image's python3). `solution/` ap
 `patch`, so the gate's oracle resolves the task.
 
 An image without python3 cannot parse its log there: its verifier writes no reward (a grade without a
-verdict, saying why); grade such instances with `python -m sprout.tasks.swe_rebench grade`.
+verdict, saying why); grade such instances with `sprout swe-rebench grade`.
 """
 
 import json
@@ -97,7 +97,7 @@ def _write_tests(tests: Path, instance: Instance, parsers: Parsers, rule: Rule, 
         f"zero() {{ echo \"swe-rebench: $1: reward 0\"; echo '{ZERO}' > {LOGS}/reward.json; exit 0; }}",
         "fail() { echo \"swe-rebench: $1: no verdict\"; exit 1; }",
         "python3 -c 'import sys; sys.exit(sys.version_info < (3, 8))' 2> /dev/null || fail 'no python3 (3.8 or "
-        "later) in this image to parse the log; grade it with python -m sprout.tasks.swe_rebench grade'",
+        "later) in this image to parse the log; grade it with sprout swe-rebench grade'",
         f"[ -f {PATCH} ] || fail 'no collected diff (the collect step failed)'",
         f"cd {shlex.quote(repo_dir(instance))} || fail 'no repository directory'",
         f"bash /tests/setup.sh >> {out} 2>> {err}; code=$?  # in the log, as the official harness keeps it",
