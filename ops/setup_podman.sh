@@ -2,6 +2,13 @@
 # Sprout host set-up: idempotent, one line per item ("ok" already there, "done" just made, "skip" left
 # alone on purpose). A failed step stops the script with a message saying what to do.
 #
+#   ops/setup_podman.sh [--microvm] [--dev]
+#     --microvm  also the microVM backend: QEMU, busybox, a compiler for the guest agent, and the guest
+#                kernel, taken out of Debian's kernel package into the store (no boot kernel is installed
+#                on the host); or SPROUT_MICROVM=1
+#     --dev      also what only Sprout's own tests need: its test tools in the venv and Debian's
+#                docker-registry (the tests start their own registries); .ci/run passes it
+#
 #   SPROUT_STORE       btrfs store directory      (default ~/sprout-btrfs)
 #   SPROUT_STORE_SIZE  size of its sparse loop file when the path is not on btrfs (default 40G)
 #   SPROUT_STORE_MIN_FREE_GB  the loop file grows when the store has less free than this (default 10)
@@ -14,15 +21,31 @@ STORE_IMG="${SPROUT_STORE_IMAGE:-$STORE.img}"
 STORE_SIZE="${SPROUT_STORE_SIZE:-40G}"
 STORE_MIN_FREE_GB="${SPROUT_STORE_MIN_FREE_GB:-10}"
 VENV="$REPO/.venv"
-EXTRAS="mini,harbor,dev,runstore,proxy"  # proxy: the bundled LiteLLM proxy
-APT_PACKAGES=(podman btrfs-progs runc mmdebstrap uidmap containernetworking-plugins iptables catatonit
-              ca-certificates rsync iproute2
-              # the microVM backend: QEMU, the guest's kernel and busybox, a compiler for its agent
-              qemu-system-x86 linux-image-amd64 busybox-static gcc libc6-dev e2fsprogs cpio)
+MICROVM="${SPROUT_MICROVM:-0}"
+DEV=0
 
 say() { printf '%-5s %s\n' "$1" "$2"; }
 die() { printf 'FAIL  %s\n' "$1" >&2; exit 1; }
 trap 'die "step failed at line $LINENO: $BASH_COMMAND"' ERR
+
+for arg in "$@"; do
+  case "$arg" in
+    --microvm) MICROVM=1 ;;
+    --dev) DEV=1 ;;
+    -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown option $arg (ops/setup_podman.sh [--microvm] [--dev])" ;;
+  esac
+done
+[[ "$MICROVM" =~ ^[01]$ ]] || die "SPROUT_MICROVM=$MICROVM: use 1 (or --microvm) for the microVM backend, 0 for none"
+
+EXTRAS="mini,harbor,runstore,proxy"  # proxy: the bundled LiteLLM proxy
+[ "$DEV" = 1 ] && EXTRAS="$EXTRAS,dev"  # the tests, linters, type checker and docs builder
+APT_PACKAGES=(podman btrfs-progs runc mmdebstrap uidmap containernetworking-plugins iptables catatonit
+              ca-certificates rsync iproute2)
+# the microVM backend: QEMU, busybox for the guest, a compiler for its agent, ext4 and initramfs tools
+MICROVM_PACKAGES=(qemu-system-x86 busybox-static gcc libc6-dev e2fsprogs cpio)
+[ "$MICROVM" = 1 ] && APT_PACKAGES+=("${MICROVM_PACKAGES[@]}")
+[ "$DEV" = 1 ] && APT_PACKAGES+=(docker-registry)
 
 [[ "$STORE_MIN_FREE_GB" =~ ^[0-9]+$ ]] || die "SPROUT_STORE_MIN_FREE_GB=$STORE_MIN_FREE_GB: give whole GiB, e.g. 10"
 [ "$(id -u)" = 0 ] || die "run as root (podman over a btrfs loop store needs it; see README: rootless)"
@@ -69,47 +92,43 @@ podman info --format '{{.Host.OCIRuntime.Name}}' >/dev/null 2>&1 \
   || die "podman does not run: $(podman info 2>&1 | tail -1)"
 say ok "podman runs: $(podman --version), runtime $(podman info --format '{{.Host.OCIRuntime.Name}}')"
 
-# ---------------------------------------------------------------- local registry (tests)
+# ---------------------------------------------------------------- local registry (tests, --dev)
 # The tests pull images from Debian's docker-registry (distribution v2), which tests/registry.py starts
 # per test session on 127.0.0.1:<free port> with its own config. The package's own service (:5000,
 # /var/lib/docker-registry) is not needed, so it is stopped and disabled; where systemd is not PID 1,
 # systemctl only edits the unit links and the SysV script is used to stop it.
-if dpkg-query -W -f='${Status}' docker-registry 2>/dev/null | grep -q "install ok installed"; then
-  say ok "docker-registry: $(/usr/bin/docker-registry --version 2>/dev/null | awk '{print $NF}')"
-else
-  apt-get update -qq || die "apt-get update failed (is a Debian mirror reachable?)"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry >/dev/null 2>&1 \
-    || die "apt-get install docker-registry failed (the tests need it for their local registry)"
-  say done "docker-registry: installed $(/usr/bin/docker-registry --version 2>/dev/null | awk '{print $NF}')"
-fi
-reg_changed=()
-if [ -d /run/systemd/system ]; then
-  if systemctl is-active --quiet docker-registry 2>/dev/null; then
-    systemctl stop docker-registry || die "systemctl stop docker-registry failed"
-    reg_changed+=(stopped)
+if [ "$DEV" = 1 ]; then
+  reg_changed=()
+  if [ -d /run/systemd/system ]; then
+    if systemctl is-active --quiet docker-registry 2>/dev/null; then
+      systemctl stop docker-registry || die "systemctl stop docker-registry failed"
+      reg_changed+=(stopped)
+    fi
+  else
+    # The SysV script's pid file; `status` there counts a zombie as running, so look at /proc ourselves.
+    reg_pid=$(cat /var/run/docker-registry.pid 2>/dev/null || true)
+    reg_alive() { [ -n "$reg_pid" ] && [ -r "/proc/$reg_pid/stat" ] && [ "$(awk '{print $3}' "/proc/$reg_pid/stat" 2>/dev/null)" != Z ] \
+                  && grep -qa docker-registry "/proc/$reg_pid/cmdline" 2>/dev/null; }
+    if reg_alive; then
+      kill "$reg_pid" 2>/dev/null || true
+      for _ in $(seq 50); do reg_alive || break; sleep 0.2; done
+      reg_alive && { kill -9 "$reg_pid" 2>/dev/null || true; sleep 0.5; }
+      reg_alive && die "cannot stop docker-registry (pid $reg_pid from /var/run/docker-registry.pid)"
+      rm -f /var/run/docker-registry.pid
+      reg_changed+=(stopped)
+    fi
+  fi
+  if [ "$(systemctl is-enabled docker-registry 2>/dev/null || true)" = enabled ]; then
+    systemctl disable docker-registry >/dev/null 2>&1 || die "systemctl disable docker-registry failed"
+    reg_changed+=(disabled)
+  fi
+  if [ ${#reg_changed[@]} -eq 0 ]; then
+    say ok "docker-registry service: not running, not enabled (tests start their own)"
+  else
+    say done "docker-registry service: ${reg_changed[*]} (tests start their own on a free port)"
   fi
 else
-  # The SysV script's pid file; `status` there counts a zombie as running, so look at /proc ourselves.
-  reg_pid=$(cat /var/run/docker-registry.pid 2>/dev/null || true)
-  reg_alive() { [ -n "$reg_pid" ] && [ -r "/proc/$reg_pid/stat" ] && [ "$(awk '{print $3}' "/proc/$reg_pid/stat" 2>/dev/null)" != Z ] \
-                && grep -qa docker-registry "/proc/$reg_pid/cmdline" 2>/dev/null; }
-  if reg_alive; then
-    kill "$reg_pid" 2>/dev/null || true
-    for _ in $(seq 50); do reg_alive || break; sleep 0.2; done
-    reg_alive && { kill -9 "$reg_pid" 2>/dev/null || true; sleep 0.5; }
-    reg_alive && die "cannot stop docker-registry (pid $reg_pid from /var/run/docker-registry.pid)"
-    rm -f /var/run/docker-registry.pid
-    reg_changed+=(stopped)
-  fi
-fi
-if [ "$(systemctl is-enabled docker-registry 2>/dev/null || true)" = enabled ]; then
-  systemctl disable docker-registry >/dev/null 2>&1 || die "systemctl disable docker-registry failed"
-  reg_changed+=(disabled)
-fi
-if [ ${#reg_changed[@]} -eq 0 ]; then
-  say ok "docker-registry service: not running, not enabled (tests start their own)"
-else
-  say done "docker-registry service: ${reg_changed[*]} (tests start their own on a free port)"
+  say skip "test tools (docker-registry, pytest, linters): not asked for (--dev)"
 fi
 
 # ---------------------------------------------------------------- btrfs store
@@ -138,7 +157,7 @@ else
   loop_dev="$(findmnt -n -o SOURCE --target "$STORE")"
   backing="$(losetup -n -O BACK-FILE "$loop_dev" 2>/dev/null | sed 's/ *$//' || true)"
   low="only $(gib "$store_kib") free in $STORE"
-  gc_hint="python -m sprout.sandbox gc --older-than 24 removes unused old checkpoints and images"
+  gc_hint="sprout sandbox gc --older-than 86400 removes unused checkpoints and images older than a day"
   if [ -z "$backing" ] || [ ! -f "$backing" ]; then
     say skip "btrfs store space: $low and it is not a loop file to grow ($gc_hint)"
   else
@@ -211,7 +230,34 @@ else
 fi
 
 # ---------------------------------------------------------------- base images
-SPROUT_STORE="$STORE" "$VENV/bin/python" -m sprout.sandbox images bootstrap | sed 's/^/      /' \
-  || die "base images failed (python -m sprout.sandbox images bootstrap)"
+SPROUT_STORE="$STORE" "$VENV/bin/sprout" sandbox images bootstrap | sed 's/^/      /' \
+  || die "base images failed (sprout sandbox images bootstrap)"
 say ok "base images: python:3.11-slim, python:3.12-slim, debian:bookworm, ... in podman and the store"
-echo "ready: source .venv/bin/activate && python -m sprout.worker doctor"
+
+# ---------------------------------------------------------------- the microVM guest kernel (--microvm)
+# Debian's kernel package is downloaded and only its kernel and the modules the guest loads are taken out,
+# into the store: the host gets no boot kernel, initrd or boot entry.
+if [ "$MICROVM" = 1 ]; then
+  kernel_pkg="$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')"
+  [ -n "$kernel_pkg" ] || die "cannot find the package linux-image-amd64 depends on (apt-get update?)"
+  kernel_dir="$STORE/microvm/kernel/$kernel_pkg"
+  if [ -n "$(ls "$kernel_dir"/boot/vmlinuz-* 2>/dev/null)" ]; then
+    say ok "microVM guest kernel: $kernel_pkg in $kernel_dir"
+  else
+    download="$(mktemp -d)"
+    (cd "$download" && apt-get download -qq "$kernel_pkg" >/dev/null 2>&1) || die "apt-get download $kernel_pkg failed"
+    modules=$("$VENV/bin/python" -c 'from sprout.sandbox.microvm.guest import MODULES; print(" ".join(MODULES))')
+    patterns=('./boot/vmlinuz-*')
+    for module in $modules; do patterns+=("./lib/modules/*/$module.ko" "./lib/modules/*/$module.ko.xz"); done
+    rm -rf "$kernel_dir.partial" && mkdir -p "$kernel_dir.partial"
+    dpkg-deb --fsys-tarfile "$download"/*.deb | tar -x -C "$kernel_dir.partial" --wildcards "${patterns[@]}" \
+      2>/dev/null || true  # a pattern with nothing to match (.ko or .ko.xz) is no failure
+    rm -rf "$download"
+    [ -n "$(ls "$kernel_dir.partial"/boot/vmlinuz-* 2>/dev/null)" ] || die "no vmlinuz in $kernel_pkg"
+    rm -rf "$kernel_dir" && mv "$kernel_dir.partial" "$kernel_dir"
+    say done "microVM guest kernel: $kernel_pkg taken out to $kernel_dir (nothing installed on the host)"
+  fi
+else
+  say skip "microVM backend: not asked for (--microvm or SPROUT_MICROVM=1 installs QEMU and the guest kernel)"
+fi
+echo "ready: source .venv/bin/activate && sprout doctor"
