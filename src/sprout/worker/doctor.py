@@ -179,7 +179,7 @@ def round_trip(name: str, store: Store, detail: str, smoke: backends.Smoke = bac
 
 def _backend_checks(store: Store | None, backend: backends.SandboxBackend, ready: bool) -> list[Check]:
     """The backend's own checks, then (when everything before passed) a round trip of one of its sandboxes."""
-    checks = backend.checks()
+    checks = backend.checks(store)
     smoke = f"{backend.name} smoke"
     if store is None or not ready or not all(c.ok for c in checks):
         return checks + [Check(smoke, False, "skipped: fix the failures above first")]

@@ -92,8 +92,9 @@ class SandboxBackend(Protocol):
         """Removes what this backend keeps of an image that is being removed."""
         ...
 
-    def checks(self) -> list[Check]:
-        """Doctor's checks of this host for this backend, before its smoke test."""
+    def checks(self, store: "Store | None") -> list[Check]:
+        """Doctor's checks of this host (and of `store`, when it opened) for this backend, before its smoke
+        test."""
         ...
 
     smoke: Smoke

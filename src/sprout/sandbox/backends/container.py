@@ -113,7 +113,7 @@ class ContainerBackend:
     def forget_image(self, store: "Store", image_key: str) -> None:
         pass
 
-    def checks(self) -> list[Check]:
+    def checks(self, store: "Store | None") -> list[Check]:
         return []
 
 

@@ -180,7 +180,7 @@ def _holder_root(store_root: Path) -> Path:
     if not (root / "bin" / "sleep").is_symlink():
         (root / "bin").mkdir(parents=True, exist_ok=True)
         if not BUSYBOX.exists():
-            raise StoreError("no static busybox: install Debian's busybox-static (ops/setup_podman.sh does)")
+            raise StoreError("no static busybox: install Debian's busybox-static (ops/setup_podman.sh --microvm does)")
         partial = root / "bin" / f"busybox.{os.getpid()}.partial"
         shutil.copy2(BUSYBOX, partial)
         os.replace(partial, root / "bin" / "busybox")
@@ -284,7 +284,7 @@ class MicroVMBackend:
     def forget_image(self, store: "Store", image_key: str) -> None:
         remove_image_disk(store.root, image_key)
 
-    def checks(self) -> list[Check]:
+    def checks(self, store: "Store | None") -> list[Check]:
         accel, why = accelerator()
         checks = [Check("kvm", True, f"{accel}: {why}" + ("" if accel == "kvm" else
                                                             " (boots and commands run several times slower)"))]
@@ -295,7 +295,7 @@ class MicroVMBackend:
             version = subprocess.run([QEMU, "--version"], capture_output=True, text=True).stdout.splitlines()
             checks.append(Check("qemu", True, version[0] if version else QEMU))
         try:
-            kernel, modules = guest_kernel()
+            kernel, modules = guest_kernel(store.root if store else None)
         except StoreError as e:
             return checks + [Check("guest kernel", False, str(e))]
         return checks + [Check("guest kernel", True, f"{kernel} with modules {modules}")]

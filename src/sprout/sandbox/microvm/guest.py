@@ -63,21 +63,25 @@ class GuestKit:
     initrd: Path
 
 
-def guest_kernel() -> tuple[Path, Path]:
-    """(vmlinuz, its modules directory) of the newest Debian kernel package installed."""
-    kernels = sorted(Path("/boot").glob("vmlinuz-*"), key=lambda p: p.stat().st_mtime)
-    for kernel in reversed(kernels):
-        modules = Path("/lib/modules") / kernel.name.removeprefix("vmlinuz-")
-        if modules.is_dir():
-            return kernel, modules
-    raise GuestError("no guest kernel: install Debian's linux-image-amd64 (ops/setup_podman.sh does)")
+def guest_kernel(store_root: Path | None = None) -> tuple[Path, Path]:
+    """(vmlinuz, its modules directory): the newest kernel that `ops/setup_podman.sh --microvm` took out of
+    Debian's kernel package into the store (<store>/microvm/kernel/<package>/), else the newest installed on
+    this host."""
+    roots = [*sorted((store_root / "microvm" / "kernel").glob("*/"))] if store_root else []
+    candidates = [(kernel, root / "lib" / "modules" / kernel.name.removeprefix("vmlinuz-"))
+                  for root in [*roots, Path("/")] for kernel in (root / "boot").glob("vmlinuz-*")]
+    found = [(kernel, modules) for kernel, modules in candidates if modules.is_dir()]
+    if not found:
+        raise GuestError("no guest kernel: run ops/setup_podman.sh --microvm (it takes Debian's kernel and the "
+                         "modules the guest loads into the store)")
+    return max(found, key=lambda pair: pair[0].stat().st_mtime)
 
 
 def guest_kit(store_root: Path) -> GuestKit:
-    """The kernel and initramfs for this host's kernel package and agent source, built if missing."""
-    kernel, modules = guest_kernel()
+    """The kernel and initramfs for the guest kernel and the agent's source, built if missing."""
+    kernel, modules = guest_kernel(store_root)
     if not BUSYBOX.exists():
-        raise GuestError("no static busybox: install Debian's busybox-static (ops/setup_podman.sh does)")
+        raise GuestError("no static busybox: install Debian's busybox-static (ops/setup_podman.sh --microvm does)")
     digest = hashlib.sha256()
     for part in (_identity(kernel), AGENT_SOURCE.read_bytes(), Path(__file__).read_bytes(), _identity(BUSYBOX)):
         digest.update(hashlib.sha256(part).digest())
@@ -110,10 +114,11 @@ def _build_kit(kit_dir: Path, kernel: Path, modules: Path) -> None:
             (tree / sub).mkdir(parents=True)
         shutil.copy2(BUSYBOX, tree / "bin" / "busybox")
         for module in MODULES:
-            found = next(modules.rglob(f"{module}.ko"), None)
+            found = next(modules.rglob(f"{module}.ko"), None) or next(modules.rglob(f"{module}.ko.xz"), None)
             if found is None:
                 raise GuestError(f"the guest kernel's module {module}.ko is missing under {modules}")
-            shutil.copy2(found, tree / "modules" / found.name)
+            data = found.read_bytes()
+            (tree / "modules" / f"{module}.ko").write_bytes(lzma.decompress(data) if found.suffix == ".xz" else data)
         (tree / "init").write_text(INIT_SCRIPT)
         (tree / "init").chmod(0o755)
         _compile_agent(tree / "sprout-agent")
