@@ -171,19 +171,19 @@ def read_journal(path: Path) -> Journal:
     for number, line in enumerate(lines[1:], start=2):
         try:
             record = json.loads(line)
-            kind = record.get("kind") if isinstance(record, dict) else None
-            if kind == "turn":
+            record_kind = record.get("kind") if isinstance(record, dict) else None
+            if record_kind == "turn":
                 turns.append(Turn.model_validate_json(line))
-            elif kind == "outcome":
+            elif record_kind == "outcome":
                 outcome = Outcome.model_validate_json(line)
             else:
-                problems.append(f"line {number}: unknown record kind {kind!r}")
+                problems.append(f"line {number}: unknown record kind {record_kind!r}")
         except json.JSONDecodeError:
             last = number == len(lines)
             problems.append(f"line {number} is truncated" + (" (the run probably crashed while writing it)"
                                                                   if last else ""))
         except ValidationError as e:
-            problems.append(f"line {number}: invalid {kind} record ({e.error_count()} errors)")
+            problems.append(f"line {number}: invalid {record_kind} record ({e.error_count()} errors)")
     if outcome is None and not problems:
         problems.append("no outcome line: the run is still going, or it crashed")
     return Journal(path=str(path), header=header, turns=turns, outcome=outcome, problems=problems)

@@ -255,6 +255,8 @@ def _start(spec: RolloutSpec, store: Store, model, sandbox: Sandbox | None) -> _
         raise SproutError(f"the journal {spec.journal} already exists; choose another path or remove it")
     if parent_journal is None:
         return _Start(sandbox or store.create_sandbox(spec.image, network=True, label=f"rollout {spec.journal.name}"))
+    if spec.from_turn is None:
+        raise SproutError(f"a branch of {spec.from_journal} needs the turn it starts from")
     turn = parent_journal.turn(spec.from_turn)
     if turn.checkpoint is None:
         raise SproutError(f"turn {turn.turn} of {spec.from_journal} has no checkpoint")

@@ -28,7 +28,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from rich.table import Table
 
 from ..checkout import RUNTIME_LAUNCHER
@@ -56,7 +56,7 @@ PROXY_FLAGS = {"model_name": "proxy_model", "provider_model": "proxy_provider_mo
 RL_DRIVER_FLAGS = {"tasks_dir": "rl_driver_tasks_dir", "port": "rl_driver_port",
                    "review_endpoint": "rl_driver_review_endpoint", "review_model": "rl_driver_review_model",
                    "review_key_env": "rl_driver_review_key_env"}
-SECTIONS = {ProxyConfig: ("litellm-proxy", PROXY_FLAGS), RLDriverService: ("rl-driver", RL_DRIVER_FLAGS)}
+SECTIONS: dict[type[BaseModel], tuple[str, dict[str, str]]] = {ProxyConfig: ("litellm-proxy", PROXY_FLAGS), RLDriverService: ("rl-driver", RL_DRIVER_FLAGS)}
 
 
 def _section[S: (ProxyConfig, RLDriverService)](model: type[S], values: dict) -> S:
@@ -284,7 +284,9 @@ def _services(names: list[str], config: ServicesConfig | None = None) -> list[st
     unknown = [n for n in names if n not in supervisor.SERVICES]
     if unknown:
         raise UsageError(f"unknown service {', '.join(unknown)}; services: {', '.join(supervisor.SERVICES)}")
-    return [n for n in supervisor.SERVICES if n in names] if names else supervisor.configured(config)
+    if names or config is None:
+        return [n for n in supervisor.SERVICES if n in names]
+    return supervisor.configured(config)
 
 
 def cmd_up(args) -> int:

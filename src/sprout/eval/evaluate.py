@@ -305,7 +305,7 @@ def _run_method(run: _Run, executor: TaskExecutor, summary: EvaluationSummary) -
     return result
 
 
-def _wave(method: str, branches: list[int], parallel: int | None) -> int | None:
+def _wave(method: Method, branches: list[int], parallel: int | None) -> int | None:
     """The restarts' wave size when it is not 1 (it decides their plans, so it is part of the run); None
     otherwise, so that sequential runs keep their configuration hash."""
     wave = wave_size(method, branches, parallel)

@@ -98,7 +98,7 @@ class TaskExecutor:
             except BaseException:  # interrupted: the pool's exit waits for the stopped attempts
                 stop.set()
                 raise
-        errors = [f.exception() for f in futures if f.exception() is not None]
+        errors = [error for f in futures if (error := f.exception()) is not None]
         if errors:
             raise next((e for e in errors if not isinstance(e, RolloutCancelled)), errors[0])
 
@@ -146,6 +146,7 @@ class TaskExecutor:
         if outcome.status == "error" and outcome.turns == 0:
             raise SproutError(f"attempt {plan.id}: the agent stopped before its first turn: {outcome.message}")
         trial_dir = self.out / "verifier" / plan.id
+        grade_error: str | None
         try:
             graded = done.grade or (self.jobs.grade(outcome.final_checkpoint, done.host, trial_dir)
                                     if outcome.final_checkpoint else None)
@@ -182,13 +183,14 @@ class TaskExecutor:
                            token_limit=plan.token_limit, wall_time_s=self.agent.wall_time_s,
                            command_timeout_s=self.agent.command_timeout_s)
         request = RolloutRequest(plan.id, spec, trial_dir=trial_dir)
-        if plan.from_turn:
+        if plan.from_turn and plan.parent is not None:
             parent = self._by_id()[plan.parent]
             spec.from_journal, spec.from_turn, spec.note = self.out / parent.journal, plan.from_turn, plan.note
             request.host, request.checkpoint = parent.host, self._journal(parent).turn(plan.from_turn).checkpoint
         elif plan.note:
             spec.task = f"{self.task.instruction.rstrip()}\n\n{plan.note}"
-        on_event = (lambda event: self.on_turn(plan.id, event)) if self.on_turn else None
+        on_turn = self.on_turn
+        on_event = (lambda event: on_turn(plan.id, event)) if on_turn else None
         return self.jobs.rollout(request, on_event, stop)
 
     # ------------------------------------------------------------------ reviews

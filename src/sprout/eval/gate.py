@@ -95,9 +95,9 @@ def run_gate(config: GateConfig, *, progress: Progress | None = None) -> GateSum
         for future in as_completed([pool.submit(gate.one, task) for task in tasks.tasks]):
             results.append(future.result())
             _report(progress, results[-1])
-            if progress is not None:
+            if progress is not None and overall is not None:
                 progress.update(overall, description=f"gate: {len(results)}/{total} done")
-    if progress is not None:
+    if progress is not None and overall is not None:
         progress.remove_task(overall)
     results.sort(key=lambda r: r.task)
     counts = {v: sum(r.verdict == v for r in results) for v in ("pass", "fail", "error")}

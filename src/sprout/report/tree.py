@@ -61,7 +61,7 @@ def _walk(s: EvaluationSummary, emit_attempt: Callable, emit_point: Callable) ->
         for child in sorted(children.get(a.id, []), key=lambda c: (c.from_turn or 0, c.id)):
             groups.setdefault((child.from_turn or 0, child.review), []).append(child)
         for (turn, review_id), branch_list in groups.items():
-            review = reviews.get(review_id)
+            review = reviews.get(review_id) if review_id else None
             point = next((p for p in review.branch_points if p.turn == turn), None) if review else None
             point_node = emit_point(node, _point_text(turn, review_id, branch_list[0].reason, point,
                                                       bool(review and review.fallback)))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 
 def search_outcome(planned: int, graded: int, resolved: int) -> str:
     """The label of a search task from its roots: ``planned`` (``search.roots``), ``graded`` (roots whose
@@ -43,7 +45,7 @@ def root_counts(planned: int, roots: list[dict | None]) -> dict[str, int]:
     return {"planned": planned, "graded": len(graded_roots), "resolved": sum(1 for t in graded_roots if resolved(t))}
 
 
-def graded(trajectory: dict | None) -> bool:
+def graded(trajectory: dict | None) -> TypeGuard[dict]:
     """The trajectory's grade gave a verdict (no `zero_reason`)."""
     return trajectory is not None and trajectory["metadata"].get("zero_reason") is None
 

@@ -50,7 +50,7 @@ from .config import ServedTask
 from .leaks import leak_terms, message_text, task_terms
 from .ledger import UNFINISHED, GroupRow
 from .outcome import failed, resolved, root_counts, search_outcome
-from .protocol import HINT_CLOSE, HINT_OPEN, RolloutGroupRequest
+from .protocol import HINT_CLOSE, HINT_OPEN, RolloutGroupRequest, SearchSpec
 from .samples import BranchStart, prompt_text
 
 if TYPE_CHECKING:
@@ -100,8 +100,8 @@ class SearchRun:
         from .groups import finish_by
 
         self.driver, self.group, self.request, self.task, self.stop = driver, group, request, task, stop
-        self.spec = request.search
-        assert self.spec is not None and driver.reviewer is not None and driver.config.miles.review is not None
+        assert request.search is not None and driver.reviewer is not None and driver.config.miles.review is not None
+        self.spec: SearchSpec = request.search
         self.reviewer = driver.reviewer
         self.continuation_prompt = driver.config.miles.review.continuation_prompt
         self.finish = finish_by(group, request)
@@ -122,10 +122,10 @@ class SearchRun:
         trajectories = self._trajectories()[:spec.roots]
         outcome = search_outcome(**root_counts(spec.roots, trajectories))
         log.info("group %s: roots give %s", self.group.id, outcome)
-        if outcome == "FF":
-            reviewed, students = trajectories, spec.student_continuations
+        if outcome == "FF":  # every root was graded
+            reviewed, students = [t for t in trajectories if t is not None], spec.student_continuations
         elif outcome in ("TF", "FF_partial") and spec.tf_student_continuations:
-            reviewed, students = [t for t in trajectories if failed(t)], spec.tf_student_continuations
+            reviewed, students = [t for t in trajectories if t is not None and failed(t)], spec.tf_student_continuations
         else:
             return
         repairing = outcome == "FF" and spec.candidates > 0

@@ -95,14 +95,14 @@ class RunStoreClient:
         return self.submit_many([JobSpec(kind=kind, payload=payload or {}, **opts)])[0]
 
     def submit_many(self, specs: Iterable[JobSpec | dict[str, Any]]) -> list[Job]:
-        specs = [s if isinstance(s, JobSpec) else JobSpec.model_validate(s) for s in specs]
+        jobs = [s if isinstance(s, JobSpec) else JobSpec.model_validate(s) for s in specs]
         body = [
             (
                 s
                 if s.idempotency_key
                 else s.model_copy(update={"idempotency_key": f"client-{uuid.uuid4().hex}"})
             )
-            for s in specs
+            for s in jobs
         ]
         data = self._request(
             "POST", "/v1/jobs/batch", json={"jobs": [s.model_dump(mode="json") for s in body]}

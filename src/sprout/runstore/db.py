@@ -115,7 +115,8 @@ class Database:
             with self.engine.begin() as conn:
                 yield conn
             return
-        with self._write_lock if write else nullcontext(), self.engine.connect() as conn, conn.begin():
+        lock = self._write_lock if write and self._write_lock is not None else nullcontext()
+        with lock, self.engine.connect() as conn, conn.begin():
             conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
             yield conn
 

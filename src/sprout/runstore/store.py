@@ -20,6 +20,7 @@ On PostgreSQL, claim, heartbeat and complete run as single statements (see
 
 from __future__ import annotations
 
+import builtins
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -169,14 +170,14 @@ class RunStore:
         """Queue one job; ``opts`` are the other fields of ``JobSpec``."""
         return self.submit_many([JobSpec(kind=kind, payload=payload or {}, **opts)])[0]
 
-    def submit_many(self, specs: Iterable[JobSpec | dict[str, Any]]) -> list[Job]:
+    def submit_many(self, specs: Iterable[JobSpec | dict[str, Any]]) -> builtins.list[Job]:
         """Queue jobs in one transaction; returns them in the order given."""
-        specs = [s if isinstance(s, JobSpec) else JobSpec.model_validate(s) for s in specs]
-        payloads = [self.kinds.validate(s.kind, s.payload) for s in specs]
-        keys = sorted({s.idempotency_key for s in specs if s.idempotency_key is not None})
-        parents = sorted({s.parent_id for s in specs if s.parent_id is not None})
+        parsed = [s if isinstance(s, JobSpec) else JobSpec.model_validate(s) for s in specs]
+        payloads = [self.kinds.validate(s.kind, s.payload) for s in parsed]
+        keys = sorted({s.idempotency_key for s in parsed if s.idempotency_key is not None})
+        parents = sorted({s.parent_id for s in parsed if s.parent_id is not None})
 
-        def op(conn: Connection) -> list[Job]:
+        def op(conn: Connection) -> builtins.list[Job]:
             now = self._clock()
             by_key: dict[str, Job] = {}
             if keys:
@@ -186,15 +187,15 @@ class RunStore:
                 found = set(conn.execute(select(jobs.c.id).where(jobs.c.id.in_(parents))).scalars())
                 if missing := [p for p in parents if p not in found]:
                     raise JobNotFound(f"parent job {', '.join(map(str, missing))} not found")
-            new: list[tuple[int, JobSpec, dict[str, Any]]] = []
+            new: builtins.list[tuple[int, JobSpec, dict[str, Any]]] = []
             new_keys: set[str] = set()
-            for i, (spec, payload) in enumerate(zip(specs, payloads, strict=True)):
+            for i, (spec, payload) in enumerate(zip(parsed, payloads, strict=True)):
                 key = spec.idempotency_key
                 if key is None or (key not in by_key and key not in new_keys):
                     new.append((i, spec, payload))
                     if key is not None:
                         new_keys.add(key)
-            out: list[Job | None] = [None] * len(specs)
+            out: builtins.list[Job | None] = [None] * len(parsed)
             if new:
                 rows = conn.execute(
                     insert(jobs).returning(*jobs.c, sort_by_parameter_order=True),
@@ -209,7 +210,7 @@ class RunStore:
                     now,
                     [(job.id, job.group_id, EventType.SUBMITTED, {"kind": job.kind}) for job in out if job],
                 )
-            return [job or by_key[spec.idempotency_key or ""] for job, spec in zip(out, specs, strict=True)]
+            return [job or by_key[spec.idempotency_key or ""] for job, spec in zip(out, parsed, strict=True)]
 
         try:
             return self._run(op)
@@ -253,9 +254,10 @@ class RunStore:
 
     def register_host(self, name: str, ship_url: str | None) -> Host:
         """Record that a worker runs on ``name`` and serves its checkpoints at ``ship_url``."""
-        values = {"name": name, "ship_url": ship_url, "seen_at": self._clock()}
+        seen_at = self._clock()
+        values = {"name": name, "ship_url": ship_url, "seen_at": seen_at}
         self._run(lambda conn: conn.execute(q.UPSERT_HOST, values))
-        return Host(name=name, ship_url=ship_url, seen_at=_dt(values["seen_at"]))
+        return Host(name=name, ship_url=ship_url, seen_at=_dt(seen_at))
 
     def host(self, name: str) -> Host | None:
         row = self._run(lambda conn: conn.execute(select(hosts).where(hosts.c.name == name)).first(), write=False)
@@ -303,7 +305,7 @@ class RunStore:
 
         return self._run(op)
 
-    def events(self, group_id: str, after_seq: int = 0, limit: int = MAX_PAGE) -> list[Event]:
+    def events(self, group_id: str, after_seq: int = 0, limit: int = MAX_PAGE) -> builtins.list[Event]:
         """The events of a group with ``seq > after_seq``, oldest first."""
         if not 1 <= limit <= MAX_PAGE:
             raise ValueError(f"limit must be between 1 and {MAX_PAGE}, not {limit}")
@@ -330,7 +332,7 @@ class RunStore:
         kinds: Sequence[str] | None = None,
         limit: int = 1,
         lease_s: float = 60.0,
-    ) -> list[Claim]:
+    ) -> builtins.list[Claim]:
         """Lease up to ``limit`` claimable jobs, highest priority first, then oldest.
 
         Claimable: queued, past ``not_before``, of one of ``kinds`` (default: any), and
@@ -345,7 +347,7 @@ class RunStore:
         if kinds is not None:
             self.kinds.check_known(list(kinds))
 
-        def op(conn: Connection, collect: bool) -> list[Claim]:
+        def op(conn: Connection, collect: bool) -> builtins.list[Claim]:
             now = self._clock()
             log = self._collect_expired(conn, now) if collect else []
             rows = conn.execute(q.CLAIM_ANY if kinds is None else q.CLAIM_KINDS, params(now)).all()
@@ -381,10 +383,10 @@ class RunStore:
             return _claims(self._retrying(lambda: self._db.execute_alone(statement, params(now))))
         return self._run(lambda conn: op(conn, collect))
 
-    def _collect_expired(self, conn: Connection, now: float) -> list[_Pending]:
+    def _collect_expired(self, conn: Connection, now: float) -> builtins.list[_Pending]:
         """Queue again (or fail, after the last attempt) the jobs whose lease expired."""
         rows = conn.execute(q.COLLECT_EXPIRED, {"now": now}).all()
-        log: list[_Pending] = []
+        log: builtins.list[_Pending] = []
         for r in rows:
             data = {
                 "worker_id": r.lease_owner,
@@ -406,7 +408,7 @@ class RunStore:
         if self._db.dialect == "postgresql":
             rows = self._retrying(lambda: self._db.execute_alone(q.HEARTBEAT, params))
         else:
-            rows = self._run(lambda conn: conn.execute(q.HEARTBEAT, params).all())
+            rows = self._run(lambda conn: list(conn.execute(q.HEARTBEAT, params).all()))
         if not rows:
             raise self._run(lambda conn: self._lease_lost(conn, job_id, lease_token), write=False)
         return _job(rows[0])
@@ -529,7 +531,7 @@ class RunStore:
             )
         return LeaseLost(f"lease {lease_token} of job {job_id} is over: the job is {job.state}")
 
-    def _append(self, conn: Connection, now: float, log: list[_Pending]) -> None:
+    def _append(self, conn: Connection, now: float, log: builtins.list[_Pending]) -> None:
         """Append events; done last in each transaction, so PostgreSQL's per-group lock is held briefly."""
         if log:
             rows = [

@@ -69,7 +69,7 @@ def dump_seccomp(pid: int, stop_timeout_s: float = STOP_TIMEOUT_S) -> list[bytes
                 raise SandboxStateError(f"the sandbox init {pid} did not stop for tracing in {stop_timeout_s:g}s")
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
-        filters = []
+        filters: list[bytes] = []
         while (count := _libc.ptrace(PTRACE_SECCOMP_GET_FILTER, pid, ctypes.c_void_p(len(filters)), None)) > 0:
             buf = ctypes.create_string_buffer(count * 8)
             _libc.ptrace(PTRACE_SECCOMP_GET_FILTER, pid, ctypes.c_void_p(len(filters)), buf)

@@ -59,6 +59,7 @@ def _drain(proc: subprocess.Popen, limit: int, deadline: float | None) -> tuple[
     """Reads the merged output until EOF, or until shortly after the process exits (a background
     job of the command may hold the pipe open forever); returns (reader, deadline_passed)."""
     reader = CappedReader(limit)
+    assert proc.stdout is not None
     fd = proc.stdout.fileno()
     pidfd = os.pidfd_open(proc.pid)
     exited_at = None
@@ -115,10 +116,11 @@ def run_via_runtime(runtime_bin: Path, profile: Path, argv: list[str], cwd: str,
         raise
     finally:
         os.close(status_r)
-        proc.stdout.close()
+        if proc.stdout:
+            proc.stdout.close()
     status = marshal.loads(raw) if raw else {"exit_code": proc.returncode, "timed_out": False}
     output, truncated = reader.text()
-    return ExecResult(output, status["exit_code"], time.monotonic() - started, status["timed_out"], truncated)
+    return ExecResult(output, status["exit_code"], time.monotonic() - started, bool(status["timed_out"]), truncated)
 
 
 def run_via_podman(container: str, profile: dict, argv: list[str], cwd: str, user: str,
@@ -147,7 +149,8 @@ def run_via_podman(container: str, profile: dict, argv: list[str], cwd: str, use
         proc.wait()
         raise
     finally:
-        proc.stdout.close()
+        if proc.stdout:
+            proc.stdout.close()
     output, truncated = reader.text()
     code = TIMEOUT_EXIT_CODE if timed_out else proc.returncode
     if timed_out:

@@ -10,7 +10,7 @@ other hosts.
 
 import subprocess
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -20,6 +20,8 @@ from .errors import CheckpointNotFound, CommandError, ImageNotFound
 from .store import Store
 
 Kind = Literal["images", "checkpoints"]
+SendStream = Generator[bytes, None, None]
+"""A `btrfs send` stream in chunks; `close()` stops a sender the receiver did not read to the end."""
 CHUNK = 1 << 20
 
 
@@ -59,7 +61,7 @@ class ShipSource(Protocol):
 
     def image(self, key: str) -> ImageMeta: ...
 
-    def send(self, kind: Kind, name: str, parent: tuple[Kind, str] | None) -> Iterator[bytes]:
+    def send(self, kind: Kind, name: str, parent: tuple[Kind, str] | None) -> SendStream:
         """The stream of `kind/name`, made against `parent` when given; raises CommandError."""
         ...
 
@@ -72,11 +74,12 @@ def receive_command(directory: Path) -> list[str]:
     return ["btrfs", "receive", "-q", str(directory)]
 
 
-def send_stream(store: Store, kind: Kind, name: str, parent: tuple[Kind, str] | None) -> Iterator[bytes]:
+def send_stream(store: Store, kind: Kind, name: str, parent: tuple[Kind, str] | None) -> SendStream:
     """`btrfs send` of a subvolume of `store`, in chunks; raises CommandError when it fails."""
     parent_path = store.root / parent[0] / parent[1] if parent else None
     sender = subprocess.Popen(send_command(store.root / kind / name, parent_path), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE)
+    assert sender.stdout and sender.stderr
     try:
         while chunk := sender.stdout.read(CHUNK):
             yield chunk
@@ -109,13 +112,14 @@ class StoreSource:
         image = self.store.image(key)
         return ImageMeta(image.key, image.image_id, image.names, asdict(image.config))
 
-    def send(self, kind: Kind, name: str, parent: tuple[Kind, str] | None) -> Iterator[bytes]:
+    def send(self, kind: Kind, name: str, parent: tuple[Kind, str] | None) -> SendStream:
         return send_stream(self.store, kind, name, parent)
 
 
-def _receive_into(directory: Path, chunks: Iterable[bytes]) -> int:
+def _receive_into(directory: Path, chunks: SendStream) -> int:
     """Feeds a send stream to `btrfs receive`, returning its size; raises CommandError from either side."""
     receiver = subprocess.Popen(receive_command(directory), stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert receiver.stdin and receiver.stderr
     size = 0
     try:
         for chunk in chunks:
@@ -128,7 +132,7 @@ def _receive_into(directory: Path, chunks: Iterable[bytes]) -> int:
         receiver.wait()
         raise
     finally:
-        getattr(chunks, "close", lambda: None)()  # stops a sender we did not read to the end
+        chunks.close()  # stops a sender we did not read to the end
         try:
             receiver.stdin.close()
         except BrokenPipeError:

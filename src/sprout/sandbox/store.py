@@ -326,7 +326,7 @@ class Store:
         image = self.image(key)
         row = self.meta.one("SELECT (SELECT COUNT(*) FROM sandboxes WHERE image_key = ?) + "
                             "(SELECT COUNT(*) FROM checkpoints WHERE image_key = ?) AS n", image.key, image.key)
-        if row["n"]:
+        if row is not None and row["n"]:
             raise InUseError(f"image {image.key} is used by {row['n']} sandbox(es)/checkpoint(s)")
         btrfs.delete(image.path)
         for backend in backends.backends().values():
@@ -356,14 +356,14 @@ class Store:
         if isinstance(image, str):
             image = self.resolve_image(image)
         inherited = from_checkpoint.limits if from_checkpoint else DEFAULT_LIMITS
-        backend = backends.of_limits(inherited) if from_checkpoint else backends.get(backend or self.backend)
+        runner = backends.of_limits(inherited) if from_checkpoint else backends.get(backend or self.backend)
         asked = {"memory": memory, "pids": pids, "cpus": cpus, "network": network, "host_trust": host_trust,
                  "env": env or None}
         limits = inherited | {k: v for k, v in asked.items() if v is not None}
         limits.setdefault("host_trust", trust.enabled_by_config())
         if network is not None:  # asked for explicitly: not as the checkpoint's sandbox was last switched
             limits.pop("network_connected", None)
-        limits = backend.limits(limits, network=network, checkpoint=from_checkpoint)
+        limits = runner.limits(limits, network=network, checkpoint=from_checkpoint)
         sandbox_id = _new_id("sb")
         source = from_checkpoint.path if from_checkpoint else image.path
         if not btrfs.is_subvolume(source):
@@ -373,11 +373,11 @@ class Store:
                           self.container_prefix + sandbox_id, limits, label, time.time())
         with self.building():
             if from_checkpoint is None:
-                backend.make_subvolume(self, image, sandbox.path)
+                runner.make_subvolume(self, image, sandbox.path)
             else:
                 btrfs.snapshot(source, sandbox.path, readonly=False)
             try:
-                backend.start(self, sandbox)
+                runner.start(self, sandbox)
             except BaseException:
                 sandbox.stop()
                 btrfs.delete(sandbox.path)

@@ -176,6 +176,8 @@ def healthy(name: str, config: ServicesConfig, directory: Path) -> tuple[bool, s
     if name == "runstore-api":
         return _get_ok(config.url, "/health")
     if name == "litellm-proxy":  # readiness answers without calling the model (/health would call it)
+        if config.proxy is None:
+            return False, "not configured"
         return _get_ok(f"http://{config.proxy.host}:{config.proxy.port}", "/health/readiness")
     if name == "rl-driver":
         return _get_ok(config.rl_driver.url, "/health") if config.rl_driver else (False, "not configured")
@@ -253,9 +255,9 @@ def status(name: str, config: ServicesConfig, directory: Path) -> Status:
     if info is None:
         return Status(name, None, None, False, None, "not running")
     ok, detail = healthy(name, config, directory)
-    port = {"runstore-api": config.runstore_port, "litellm-proxy": config.proxy and config.proxy.port,
-            "rl-driver": config.rl_driver and config.rl_driver.port}.get(name)
-    return Status(name, info["pid"], port, ok, time.time() - info["started"], detail)
+    ports = {"runstore-api": config.runstore_port, "litellm-proxy": config.proxy.port if config.proxy else None,
+             "rl-driver": config.rl_driver.port if config.rl_driver else None}
+    return Status(name, info["pid"], ports.get(name), ok, time.time() - info["started"], detail)
 
 
 def supervise(name: str) -> int:

@@ -115,10 +115,11 @@ async def _attempt(store: Store, task: Task, image: Image, kind: str, log_dir: P
 
 def _verdict(oracle: Attempt, nop: Attempt) -> tuple[Verdict, str | None]:
     for kind, attempt in (("oracle", oracle), ("nop", nop)):
-        if attempt.error:
-            return "error", attempt.error
+        if attempt.error or attempt.grade is None:
+            return "error", attempt.error or f"{kind}: not graded"
         if attempt.grade.error:
             return "error", f"{kind}: {attempt.grade.error}"
+    assert oracle.grade is not None and nop.grade is not None  # (each was checked just above)
     reasons = []
     if oracle.grade.reward != 1:
         note = f" ({oracle.agent_note})" if oracle.agent_note else ""

@@ -76,7 +76,8 @@ async def grade_async(store: Store, source: Checkpoint | Sandbox, task: Task, *,
     separate = plan.verifier_env_baseline is not None
     live = isinstance(source, Sandbox)
     env = SproutEnvironment.for_task(task, paths, store=store, session_id=f"{task.short_name}__grade", logger=logger,
-                                     pull=pull, **({"sandbox": source} if live else {"checkpoint": source}))
+                                     pull=pull, sandbox=source if isinstance(source, Sandbox) else None,
+                                     checkpoint=None if isinstance(source, Sandbox) else source)
     rewards: dict[str, float] = {}
     error: str | None = None
     try:
@@ -100,7 +101,7 @@ async def grade_async(store: Store, source: Checkpoint | Sandbox, task: Task, *,
     decided_by = "reward" if "reward" in rewards else (next(iter(rewards)) if len(rewards) == 1 else None)
     if error is None and decided_by is None:
         error = f"the rewards {rewards} have no 'reward' key (with several keys, 'reward' decides)"
-    reward = None if error else float(rewards[decided_by])
+    reward = None if error or decided_by is None else float(rewards[decided_by])
     verdict: Verdict = "error" if reward is None else ("pass" if reward >= 1 else "fail")
     output = paths.test_stdout_path.read_text(errors="replace") if paths.test_stdout_path.exists() else ""
     return GradeResult(reward=reward, rewards=rewards, verdict=verdict, verifier_output=output[-MAX_OUTPUT_CHARS:],

@@ -219,7 +219,7 @@ class ScriptedModelServer:
     @property
     def base_url(self) -> str:
         """OpenAI base URL, e.g. http://127.0.0.1:PORT/v1."""
-        return f"http://{self._httpd.server_address[0]}:{self.port}/v1"
+        return f"http://{self._httpd.server_address[0]!s}:{self.port}/v1"
 
     @property
     def requests(self) -> list[dict[str, Any]]:
@@ -310,7 +310,7 @@ class ScriptedModelServer:
             return 400, _error("scripted model: body must be a JSON object with a 'messages' list"), None
         if body.get("stream"):
             return 400, _error("scripted model: streaming is not supported"), None
-        last = next((m for m in reversed(messages) if m.get("role") in ("user", "tool")), {})
+        last: dict[str, Any] = next((m for m in reversed(messages) if m.get("role") in ("user", "tool")), {})
         text = _text(last.get("content"))
         conversation = [_text(m.get("content")) for m in messages]
         with self._lock:
@@ -339,7 +339,7 @@ class ScriptedModelServer:
     def _completion(self, step: ScriptStep, index: int, body: dict[str, Any]) -> dict[str, Any]:
         message: dict[str, Any]
         if step.content is None and body.get("tools"):
-            calls = [
+            calls: list[dict[str, Any]] = [
                 {
                     "id": f"call_scripted_{index}_{j}",
                     "type": "function",
@@ -401,7 +401,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _respond(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         raw_body = self.rfile.read(length) if length else b""
-        status, payload = self.server.owner.handle(self.command, self.path, self.headers, raw_body)
+        status, payload = self.server.owner.handle(self.command, self.path, dict(self.headers), raw_body)
         data = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")

@@ -85,6 +85,7 @@ def _finished_rollout(store: Store, previous: Journal, options: RolloutOptions, 
         result.grade = grade_swe_checkpoint(store, checkpoint, options.swe,
                                             grade_wall_s=options.grade_wall_s or GRADE_WALL_S)
     else:
+        assert task is not None and options.grade_trial_dir is not None  # (wanted, above)
         result.grade = grade_checkpoint(store, checkpoint, task, trial_dir=Path(options.grade_trial_dir))
     return result.model_dump(mode="json")
 
@@ -106,7 +107,7 @@ def swe_grade(claim: Claim, _stop: threading.Event) -> dict[str, Any]:
     """A SWE-rebench V2 grade (sprout.jobs.payloads.SweGradePayload); the result is the whole SweGrade."""
     store = store_for(claim)
     payload = SweGradePayload.model_validate(claim.job.payload)
-    source = store.checkpoint(payload.checkpoint_id) if payload.checkpoint_id else payload.diff
+    source = store.checkpoint(payload.checkpoint_id) if payload.checkpoint_id else payload.diff or ""
     grade = grade_swe(store, payload.swe, source, rule=payload.rule, timeout_s=payload.timeout_s)
     return grade.model_dump(mode="json")
 

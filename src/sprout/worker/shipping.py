@@ -20,10 +20,9 @@ import logging
 import re
 import socket
 import threading
-from collections.abc import Iterator
 from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
@@ -33,7 +32,7 @@ from ..runstore.errors import HostNotFound
 from ..runstore.models import Claim
 from ..sandbox import Store
 from ..sandbox.errors import CommandError, ImageNotFound, SproutError
-from ..sandbox.ship import CHUNK, CheckpointMeta, ImageMeta, Kind, StoreSource, holds, receive
+from ..sandbox.ship import CHUNK, CheckpointMeta, ImageMeta, Kind, SendStream, StoreSource, holds, receive
 
 log = logging.getLogger("sprout.shipping")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")  # ids and image keys; never a path
@@ -79,12 +78,12 @@ class ShipServer:
                     return self._json(500, {"detail": str(e)})
 
             def _send(self, kind: Kind, name: str, query: dict[str, list[str]]) -> None:
-                parent_kind, parent = (query.get("parent_kind") or [None])[0], (query.get("parent") or [None])[0]
-                if parent is not None and (parent_kind not in KINDS or not NAME.match(parent)):
+                parent_kind, parent = query.get("parent_kind", [""])[0], query.get("parent", [""])[0]
+                if parent and (parent_kind not in KINDS or not NAME.match(parent)):
                     return self._json(400, {"detail": "parent_kind must be images or checkpoints, with a parent name"})
                 if not (store.root / kind / name).is_dir():
                     return self._json(404, {"detail": f"{kind}/{name} is not on this host"})
-                stream = source.send(kind, name, (parent_kind, parent) if parent else None)
+                stream = source.send(kind, name, (cast(Kind, parent_kind), parent) if parent else None)
                 try:
                     first = next(stream, b"")
                 except CommandError as e:  # e.g. no such parent here: the receiver tries another
@@ -161,7 +160,7 @@ class HttpSource:
         response.raise_for_status()
         return ImageMeta(**response.json())
 
-    def send(self, kind: Kind, name: str, parent: tuple[Kind, str] | None) -> Iterator[bytes]:
+    def send(self, kind: Kind, name: str, parent: tuple[Kind, str] | None) -> SendStream:
         params = {"parent_kind": parent[0], "parent": parent[1]} if parent else None
         try:
             with self._http.stream("GET", f"/v1/send/{kind}/{name}", params=params) as response:

@@ -97,7 +97,10 @@ class SandboxBackend(Protocol):
         test."""
         ...
 
-    smoke: Smoke
+    @property
+    def smoke(self) -> Smoke:
+        """How doctor's smoke test makes one of its sandboxes."""
+        ...
 
 
 def _registry() -> dict[str, SandboxBackend]:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from qemu.qmp import QMPError
 from qemu.qmp.legacy import QEMUMonitorProtocol
@@ -158,7 +159,7 @@ class MicroVM:
         paused, and is resumed here."""
         self._wait_for(self.run_dir / "qmp.sock", deadline)
         with self._qmp() as qmp:
-            while (status := qmp.cmd("query-status")["status"]) == "inmigrate":
+            while (status := _query(qmp, "query-status")["status"]) == "inmigrate":
                 if time.monotonic() > deadline or not self.alive:
                     raise self._failure("loading the memory image did not finish")
                 time.sleep(0.01)
@@ -178,7 +179,7 @@ class MicroVM:
                 qmp.cmd("migrate-set-parameters", **{"max-bandwidth": 1 << 40})
                 qmp.cmd("migrate", uri=f"exec:cat > {shlex.quote(str(dest))}")
                 deadline = time.monotonic() + MIGRATE_TIMEOUT_S
-                while (status := qmp.cmd("query-migrate")).get("status") != "completed":
+                while (status := _query(qmp, "query-migrate")).get("status") != "completed":
                     if status.get("status") in ("failed", "cancelled") or time.monotonic() > deadline:
                         raise VMError(f"saving the VM's memory failed: {status.get('error-desc', status)}")
                     time.sleep(0.01)
@@ -352,6 +353,14 @@ def _cancelling(channel: Channel, cancel: threading.Event | None) -> Iterator[No
     finally:
         done.set()
         watcher.join()
+
+
+def _query(qmp: QEMUMonitorProtocol, command: str) -> dict[str, Any]:
+    """A QMP query whose answer is an object."""
+    answer = qmp.cmd(command)
+    if not isinstance(answer, dict):
+        raise QMPError(f"{command} answered {answer!r}, not an object")
+    return answer
 
 
 @contextmanager

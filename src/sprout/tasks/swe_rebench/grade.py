@@ -181,8 +181,8 @@ def grade_instance(store: Store, instance: Instance, diff: str, parsers: Parsers
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_text(result["log"], errors="replace")
-    counts = judged is not None and reason in (None, "not_resolved")
-    resolved = judged.resolved if counts else (False if judged is not None else None)
+    counts = reason in (None, "not_resolved")
+    resolved = None if judged is None else judged.resolved and counts
     return SweGrade(
         instance_id=instance.instance_id, reward=None if resolved is None else float(resolved), resolved=resolved,
         resolved_exact=(judged.exact and counts) if judged else None,

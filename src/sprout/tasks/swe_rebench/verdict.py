@@ -28,7 +28,7 @@ from typing import Callable, Dict, Iterator  # noqa: UP035 - python3.8 in verifi
 try:
     from ..errors import TaskError as _ErrorBase
 except ImportError:  # run as a script in a verifier container, outside Sprout
-    _ErrorBase = Exception
+    _ErrorBase = Exception  # type: ignore[misc, assignment]
 
 RULES = ("exact", "lenient")
 
@@ -144,7 +144,7 @@ def _constants_module(beside: Path) -> Iterator[None]:
     for name in ("lib", "lib.agent"):
         if name not in sys.modules:
             added[name] = types.ModuleType(name)
-            added[name].__path__ = []  # type: ignore[attr-defined]
+            added[name].__path__ = []
     added["lib.agent.swe_constants"] = constants
     sys.modules.update(added)
     try:
