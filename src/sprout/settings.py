@@ -69,9 +69,6 @@ class Settings(BaseSettings):
     def store_path(self) -> Path:
         return self.store.expanduser()
 
-    def store_image_path(self) -> Path:
-        return (self.store_image or Path(f"{self.store}.img")).expanduser()
-
     def config_path(self) -> Path:
         return self.config_dir.expanduser()
 

@@ -72,7 +72,7 @@ def wave_size(method: Method, branches: Sequence[int], parallel: int | None) -> 
 
 def run_sequentially(attempt: Callable[[AttemptPlan], AttemptRecord], plans: Sequence[AttemptPlan],
                      early_stop: bool) -> list[AttemptRecord]:
-    """`Executor.attempt_many` one plan after another, for executors that simulate attempts."""
+    """`Executor.attempt_many` one plan after another, for executors that simulate attempts (tests, bench/)."""
     records: list[AttemptRecord] = []
     for plan in plans:
         records.append(attempt(plan))

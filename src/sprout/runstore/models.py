@@ -24,9 +24,6 @@ class JobState(StrEnum):
     CANCELLED = "cancelled"
 
 
-TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
-
-
 class EventType(StrEnum):
     SUBMITTED = "submitted"
     LEASED = "leased"

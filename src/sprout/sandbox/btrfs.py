@@ -162,27 +162,6 @@ def delete(path: Path) -> None:
     shell.run(["btrfs", "subvolume", "delete", str(path)], what="btrfs subvolume delete")
 
 
-def exclusive_sizes(mount: Path) -> dict[int, int] | None:
-    """Exclusive bytes per subvolume id, or None when quotas are off (we keep them off: slow snapshots)."""
-    proc = shell.run(["btrfs", "qgroup", "show", "--raw", "-re", str(mount)], check=False)
-    if proc.returncode != 0:
-        return None
-    sizes = {}
-    for line in proc.stdout.decode().splitlines():
-        parts = line.split()
-        if parts and parts[0].startswith("0/"):
-            sizes[int(parts[0][2:])] = int(parts[2])
-    return sizes
-
-
-def subvolume_id(path: Path) -> int:
-    for line in shell.output(["btrfs", "subvolume", "show", str(path)]).splitlines():
-        key, _, value = line.strip().partition(":")
-        if key == "Subvolume ID":
-            return int(value)
-    raise StoreError(f"cannot read the subvolume id of {path}")
-
-
 def disk_usage(paths: list[Path]) -> int:
     """Bytes exclusively held by the given subvolumes together (shared extents counted once)."""
     if not paths:
@@ -194,15 +173,3 @@ def disk_usage(paths: list[Path]) -> int:
         if parts and parts[0].isdigit():
             total += int(parts[1])  # Exclusive column
     return total
-
-
-def find_loop_mount(image: Path) -> str | None:
-    """The mount point of an existing loop mount of `image`, if any."""
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        fields = line.split()
-        source = fields[fields.index("-") + 2]
-        if source.startswith("/dev/loop"):
-            backing = Path(f"/sys/block/{Path(source).name}/loop/backing_file")
-            if backing.exists() and backing.read_text().strip() == str(image):
-                return fields[4]
-    return None

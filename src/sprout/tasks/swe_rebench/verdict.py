@@ -30,8 +30,6 @@ try:
 except ImportError:  # run as a script in a verifier container, outside Sprout
     _ErrorBase = Exception  # type: ignore[misc, assignment]
 
-RULES = ("exact", "lenient")
-
 # Timing suffixes test runners put in test names, stripped as scripts/eval.py strips them (in this order):
 TIMING_PATTERNS = [
     re.compile(r"\s*\[\s*\d+(?:\.\d+)?\s*(?:ms|s)\s*\]\s*$", re.IGNORECASE),  # " [1.34 ms]" at the end
