@@ -24,14 +24,17 @@ TRAJECTORY = json.loads((EXAMPLES / "result.example.json").read_text())["traject
 
 
 class Samples:
-    """A sample is done after `seconds` (a trajectory), or keeps running `linger` seconds after its stop."""
+    """A sample is done after `seconds` (a trajectory), or keeps running `linger` seconds after its stop
+    (None: until `release` is set, as `close` does)."""
 
-    def __init__(self, seconds: float = 0.0, linger: float = 0.0):
+    def __init__(self, seconds: float = 0.0, linger: float | None = 0.0):
         self.seconds, self.linger = seconds, linger
+        self.started: list[str] = []
         self.finished: list[str] = []
         self.release = threading.Event()
 
     def run(self, plan, stop: threading.Event, on_job):
+        self.started.append(plan.slot.sample_slot_id)
         stopped = stop.wait(self.seconds)
         if stopped:
             self.release.wait(self.linger)
@@ -84,16 +87,21 @@ def wait_for_status(driver: Driver, group_id: str, status: str, timeout: float =
 
 
 def test_a_deleted_id_is_free_again_only_once_its_samples_stopped(make_driver):
-    samples = Samples(seconds=60, linger=1.0)  # a stopped sample takes 1 s to end (a turn in flight)
+    samples = Samples(seconds=60, linger=None)  # a stopped sample ends when the test releases it (a turn in flight)
     driver = make_driver(samples)
     first = request()
     driver.submit(first)
-    time.sleep(0.3)
+    deadline = time.monotonic() + 10
+    while len(samples.started) < 2:
+        assert time.monotonic() < deadline, "the group's samples did not start"
+        time.sleep(0.05)
     assert driver.delete(first.rollout_job_id).status == "cancelled"
     with pytest.raises(GroupNotFound):
         driver.result(first.rollout_job_id)
     with pytest.raises(GroupConflict, match="being deleted"):
         driver.submit(first)
+    assert samples.finished == [], "the stopped samples are still in their turn"
+    samples.release.set()
     deadline = time.monotonic() + 10
     while True:  # free once the old samples have ended
         try:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from sprout.rl_driver.outcome import search_outcome
 from sprout.rl_driver.protocol import (
@@ -79,6 +79,16 @@ def changed(body: Body, change: Callable[[Body], Any]) -> Body:
     return body
 
 
+def assert_refused(model: type[BaseModel], body: Body, refusal: str) -> None:
+    """`body` is refused for the reason `refusal` begins ("field: message"; "<body>: ..." for a rule
+    over several fields), not merely refused."""
+    with pytest.raises(ValidationError) as error:
+        model.model_validate(body)
+    reasons = [f"{'.'.join(map(str, e['loc'])) or '<body>'}: {e['msg'].removeprefix('Value error, ')}"
+               for e in error.value.errors()]
+    assert any(reason.startswith(refusal) for reason in reasons), reasons
+
+
 @pytest.mark.parametrize("name", ["request", "result"])
 def test_package_examples_are_the_miles_fixtures_byte_for_byte(name):
     assert (PACKAGE / f"{name}.example.json").read_bytes() == (
@@ -114,7 +124,8 @@ def test_search_request_round_trips_and_freezes():
     assert RolloutGroupRequest.model_validate(request.wire()) == request
     with pytest.raises(ValidationError):
         request.max_turns = 3
-    RolloutGroupRequest.model_validate(search_body(LAUNCHER, slots=10))
+    launcher = RolloutGroupRequest.model_validate(search_body(LAUNCHER, slots=10))
+    assert launcher.search is not None and launcher.search.repair_rounds == 3 and launcher.max_samples == 10
 
 
 def test_body_digest_names_the_body_not_its_spelling():
@@ -125,112 +136,104 @@ def test_body_digest_names_the_body_not_its_spelling():
     assert RolloutGroupRequest.model_validate({**body, "rollout_id": 2}).body_digest() != digest
 
 
-@pytest.mark.parametrize(
-    "change",
-    [
-        lambda b: b.update(protocol_version=1),
-        lambda b: b.update(max_model_calls=5),
-        lambda b: b["budgets"].update(max_tool_calls=3),
-        lambda b: b.pop("budgets"),
-        lambda b: b.update(budgets={}),
-        lambda b: b["budgets"].update(max_wall_time_seconds=0),
-        lambda b: b.update(max_turns=None),
-        lambda b: b.update(max_turns=0),
-        lambda b: b.update(finalization_timeout_seconds=float("inf")),
-        lambda b: b.update(finalization_timeout_seconds=0),
-        lambda b: b["sample_slots"].append({**b["sample_slots"][0], "sample_index": 12}),
-        lambda b: b["sample_slots"].append({"sample_slot_id": "other", "sample_index": 11}),
-        lambda b: b["sample_slots"][0].update(sample_index=-1),
-        lambda b: b.update(sample_slots=[]),
-        lambda b: b.update(prompt=""),
-        lambda b: b.update(prompt=[]),
-        lambda b: b.update(prompt=[{"content": "no role"}]),
-        lambda b: b.update(rollout_id=-1),
-        lambda b: b.update(rollout_id=True),
-        lambda b: b.update(rollout_id=2.0),
-        lambda b: b.update(max_samples=2),
-        lambda b: b.update(minimum_returned_samples=2),
-        lambda b: b.update(minimum_returned_samples=0),
-        lambda b: b.update(task_id=" "),
-        lambda b: b.update(model=""),
-        lambda b: b.pop("model"),
-    ],
-    ids=[
-        "protocol_version",
-        "max_model_calls",
-        "budgets.max_tool_calls",
-        "no-budgets",
-        "empty-budgets",
-        "zero-wall-time",
-        "max_turns-null",
-        "max_turns-0",
-        "finalization-inf",
-        "finalization-0",
-        "duplicate-slot-id",
-        "duplicate-slot-index",
-        "negative-index",
-        "no-slots",
-        "prompt-empty-string",
-        "prompt-empty-list",
-        "prompt-without-role",
-        "rollout_id-negative",
-        "rollout_id-bool",
-        "rollout_id-float",
-        "max_samples-above-slots",
-        "minimum-above-max",
-        "minimum-0",
-        "blank-task",
-        "empty-model",
-        "model-missing",
-    ],
-)
-def test_request_rejections(change):
-    with pytest.raises(ValidationError):
-        RolloutGroupRequest.model_validate(changed(request_body(), change))
+REQUEST_REFUSALS = [
+    pytest.param(lambda b: b.update(protocol_version=1),
+                 "protocol_version: Extra inputs are not permitted", id="protocol_version"),
+    pytest.param(lambda b: b.update(max_model_calls=5),
+                 "max_model_calls: Extra inputs are not permitted", id="max_model_calls"),
+    pytest.param(lambda b: b["budgets"].update(max_tool_calls=3),
+                 "budgets.max_tool_calls: Extra inputs are not permitted", id="budgets.max_tool_calls"),
+    pytest.param(lambda b: b.pop("budgets"), "budgets: Field required", id="no-budgets"),
+    pytest.param(lambda b: b.update(budgets={}), "budgets.max_wall_time_seconds: Field required", id="empty-budgets"),
+    pytest.param(lambda b: b["budgets"].update(max_wall_time_seconds=0),
+                 "budgets.max_wall_time_seconds: Input should be greater than 0", id="zero-wall-time"),
+    pytest.param(lambda b: b.update(max_turns=None), "max_turns: Input should be a valid integer", id="max_turns-null"),
+    pytest.param(lambda b: b.update(max_turns=0), "max_turns: Input should be greater than 0", id="max_turns-0"),
+    pytest.param(lambda b: b.update(finalization_timeout_seconds=float("inf")),
+                 "finalization_timeout_seconds: Input should be a finite number", id="finalization-inf"),
+    pytest.param(lambda b: b.update(finalization_timeout_seconds=0),
+                 "finalization_timeout_seconds: Input should be greater than 0", id="finalization-0"),
+    pytest.param(lambda b: b["sample_slots"].append({**b["sample_slots"][0], "sample_index": 12}),
+                 "<body>: sample_slot_id values must be unique", id="duplicate-slot-id"),
+    pytest.param(lambda b: b["sample_slots"].append({"sample_slot_id": "other", "sample_index": 11}),
+                 "<body>: sample_index values must be unique", id="duplicate-slot-index"),
+    pytest.param(lambda b: b["sample_slots"][0].update(sample_index=-1),
+                 "sample_slots.0.sample_index: Input should be greater than or equal to", id="negative-index"),
+    pytest.param(lambda b: b.update(sample_slots=[]),
+                 "sample_slots: List should have at least 1 item after validation, not 0", id="no-slots"),
+    pytest.param(lambda b: b.update(prompt=""),
+                 "prompt.constrained-str: String should have at least 1 character", id="prompt-empty-string"),
+    pytest.param(lambda b: b.update(prompt=[]),
+                 "prompt.list[dict[str,any]]: List should have at least 1 item", id="prompt-empty-list"),
+    pytest.param(lambda b: b.update(prompt=[{"content": "no role"}]),
+                 "prompt: every prompt message needs a role", id="prompt-without-role"),
+    pytest.param(lambda b: b.update(rollout_id=-1),
+                 "rollout_id: Input should be greater than or equal to 0", id="rollout_id-negative"),
+    pytest.param(lambda b: b.update(rollout_id=True),
+                 "rollout_id: Input should be a valid integer", id="rollout_id-bool"),
+    pytest.param(lambda b: b.update(rollout_id=2.0),
+                 "rollout_id: Input should be a valid integer", id="rollout_id-float"),
+    pytest.param(lambda b: b.update(max_samples=2),
+                 "<body>: expected minimum_returned_samples <= max_samples <=", id="max_samples-above-slots"),
+    pytest.param(lambda b: b.update(minimum_returned_samples=2),
+                 "<body>: expected minimum_returned_samples <= max_samples <=", id="minimum-above-max"),
+    pytest.param(lambda b: b.update(minimum_returned_samples=0),
+                 "minimum_returned_samples: Input should be greater than 0", id="minimum-0"),
+    pytest.param(lambda b: b.update(task_id=" "), "task_id: String should match pattern '\\S'", id="blank-task"),
+    pytest.param(lambda b: b.update(model=""), "model: String should match pattern '\\S'", id="empty-model"),
+    pytest.param(lambda b: b.pop("model"), "model: Field required", id="model-missing"),
+]
+
+
+@pytest.mark.parametrize("change, refusal", REQUEST_REFUSALS)
+def test_request_rejections(change, refusal):
+    assert_refused(RolloutGroupRequest, changed(request_body(), change), refusal)
 
 
 def test_request_accepts_a_null_model_and_a_text_prompt():
-    RolloutGroupRequest.model_validate({**request_body(), "model": None, "prompt": "fix task"})
+    request = RolloutGroupRequest.model_validate({**request_body(), "model": None, "prompt": "fix task"})
+    assert (request.model, request.prompt) == (None, "fix task")
+    assert (request.wire()["model"], request.wire()["prompt"]) == (None, "fix task")
 
 
-@pytest.mark.parametrize(
-    "change",
-    [
-        lambda b: b["search"].pop("tf_student_continuations"),
-        lambda b: b["search"].update(tf_student_continuations=-1),
-        lambda b: b["search"].update(tf_student_continuations=2.0),
-        lambda b: b["search"].update(tf_student_continuations="2"),
-        lambda b: b["search"].update(tf_student_continuations=True),
-        lambda b: b.update(max_samples=13),
-        lambda b: b.update(minimum_returned_samples=3),
-        lambda b: b["search"].update(candidates=0),
-        lambda b: b["search"].update(candidate_continuations=0),
-        lambda b: b["search"].update(repair_rounds=2),
-        lambda b: b["search"].update(student_continuations=0),
-        lambda b: b["search"].update(review_seconds=0),
-        lambda b: b["search"].update(wall_time_seconds=float("nan")),
-        lambda b: b["search"].update(depth=1),
-    ],
-    ids=[
-        "tf-missing",
-        "tf-negative",
-        "tf-float",
-        "tf-string",
-        "tf-bool",
-        "max_samples-below-roots-plus-branches",
-        "minimum-above-roots",
-        "candidates-without-continuations",
-        "continuations-without-candidates",
-        "rounds-with-two-candidates",
-        "no-students",
-        "no-review-time",
-        "wall-nan",
-        "unknown-key",
-    ],
-)
-def test_search_rejections(change):
-    with pytest.raises(ValidationError):
-        RolloutGroupRequest.model_validate(changed(search_body(), change))
+SEARCH_REFUSALS = [
+    pytest.param(lambda b: b["search"].pop("tf_student_continuations"),
+                 "search.tf_student_continuations: Field required", id="tf-missing"),
+    pytest.param(lambda b: b["search"].update(tf_student_continuations=-1),
+                 "search.tf_student_continuations: Input should be greater than or", id="tf-negative"),
+    pytest.param(lambda b: b["search"].update(tf_student_continuations=2.0),
+                 "search.tf_student_continuations: Input should be a valid integer", id="tf-float"),
+    pytest.param(lambda b: b["search"].update(tf_student_continuations="2"),
+                 "search.tf_student_continuations: Input should be a valid integer", id="tf-string"),
+    pytest.param(lambda b: b["search"].update(tf_student_continuations=True),
+                 "search.tf_student_continuations: Input should be a valid integer", id="tf-bool"),
+    pytest.param(lambda b: b.update(max_samples=13),
+                 "<body>: max_samples 13 is below search.roots + search.branches() = 14",
+                 id="max_samples-below-roots-plus-branches"),
+    pytest.param(lambda b: b.update(minimum_returned_samples=3),
+                 "<body>: with a search, minimum_returned_samples must not exceed", id="minimum-above-roots"),
+    pytest.param(lambda b: b["search"].update(candidates=0),
+                 "search: candidates and candidate_continuations must both be zero or",
+                 id="candidates-without-continuations"),
+    pytest.param(lambda b: b["search"].update(candidate_continuations=0),
+                 "search: candidates and candidate_continuations must both be zero or",
+                 id="continuations-without-candidates"),
+    pytest.param(lambda b: b["search"].update(repair_rounds=2),
+                 "search: repair_rounds > 1 requires candidates == 1 and", id="rounds-with-two-candidates"),
+    pytest.param(lambda b: b["search"].update(student_continuations=0),
+                 "search.student_continuations: Input should be greater than 0", id="no-students"),
+    pytest.param(lambda b: b["search"].update(review_seconds=0),
+                 "search.review_seconds: Input should be greater than 0", id="no-review-time"),
+    pytest.param(lambda b: b["search"].update(wall_time_seconds=float("nan")),
+                 "search.wall_time_seconds: Input should be a finite number", id="wall-nan"),
+    pytest.param(lambda b: b["search"].update(depth=1),
+                 "search.depth: Extra inputs are not permitted", id="unknown-key"),
+]
+
+
+@pytest.mark.parametrize("change, refusal", SEARCH_REFUSALS)
+def test_search_rejections(change, refusal):
+    assert_refused(RolloutGroupRequest, changed(search_body(), change), refusal)
 
 
 @pytest.mark.parametrize(
@@ -305,85 +308,80 @@ def _insert(t: Body, index: int, *messages: Body) -> None:
     ],
 )
 def test_trajectory_accepts(change):
-    Trajectory.model_validate(changed(trajectory_body(), change))
+    body = changed(trajectory_body(), change)
+    assert Trajectory.model_validate(body).model_dump(mode="json") == body, "accepted and kept as sent"
 
 
-@pytest.mark.parametrize(
-    "change",
-    [
-        lambda t: _messages(t).pop(2),
-        lambda t: _insert(t, 3, {"role": "assistant", "tool_calls": [_call()]}, _messages(t)[2]),
-        lambda t: _insert(t, 3, {"role": "tool", "tool_call_id": "other", "content": "x"}),
-        lambda t: _insert(t, 3, _messages(t)[2]),
-        lambda t: _messages(t)[0].update(content=[{"type": "text", "text": "fix task"}]),
-        lambda t: _messages(t)[0].update(content=f"fix {HINT_OPEN}hint{HINT_CLOSE}"),
-        lambda t: _insert(t, 0, {"role": "system", "content": f"stray {HINT_CLOSE}"}),
-        lambda t: t.update(messages=[_messages(t)[0]]),
-        lambda t: t.update(messages=[]),
-        lambda t: _messages(t)[3].update(extra=1),
-        lambda t: _messages(t)[0].update(role="developer"),
-        lambda t: _messages(t)[3].update(reasoning_content=None),
-        lambda t: _messages(t)[0].update(tool_calls=[]),
-        lambda t: _messages(t)[3].update(tool_call_id="call"),
-        lambda t: _messages(t)[1].update(tool_calls=[_call("")]),
-        lambda t: _messages(t)[1].update(tool_calls=[{**_call(), "type": "custom"}]),
-        lambda t: _messages(t)[1].update(tool_calls=[_call(arguments="[1]")]),
-        lambda t: _messages(t)[1].update(tool_calls=[_call(arguments="not json")]),
-        lambda t: _messages(t)[1].update(tool_calls=[_call(arguments=5)]),
-        lambda t: t["metadata"].pop("provenance"),
-        lambda t: t["metadata"].update(provenance={"prefix_messages": 5, "inserted_messages": []}),
-        lambda t: t["metadata"].update(provenance={"prefix_messages": 0, "inserted_messages": [0]}),
-        lambda t: t["metadata"].update(provenance={"prefix_messages": 0, "inserted_messages": [4]}),
-        lambda t: t["metadata"].update(provenance={"prefix_messages": True, "inserted_messages": []}),
-        lambda t: t["metadata"]["provenance"].update(extra=0),
-        lambda t: t.update(stop_reason="timeout"),
-        lambda t: t.update(status="truncated"),
-        lambda t: t.update(status="truncated", stop_reason="crashed"),
-        lambda t: t.update(hints_removed=False),
-        lambda t: t.update(hints_removed=1),
-        lambda t: t.update(reward=float("inf")),
-        lambda t: t.update(token_ids=[1, 2]),
-        lambda t: t.update(branch_id=""),
-    ],
-    ids=[
-        "unanswered-call",
-        "duplicate-call-id",
-        "tool-without-pending-call",
-        "tool-answering-twice",
-        "list-content",
-        "hint-in-user",
-        "stray-close-in-system",
-        "no-assistant",
-        "no-messages",
-        "unknown-message-key",
-        "unknown-role",
-        "null-reasoning",
-        "tool-calls-on-user",
-        "tool-call-id-on-assistant",
-        "empty-call-id",
-        "non-function-call",
-        "array-arguments",
-        "bad-json-arguments",
-        "number-arguments",
-        "provenance-missing",
-        "prefix-beyond-length",
-        "inserted-user-message",
-        "inserted-out-of-range",
-        "prefix-bool",
-        "provenance-extra-key",
-        "completed-with-stop-reason",
-        "truncated-without-stop-reason",
-        "unknown-stop-reason",
-        "hints-not-removed",
-        "hints-removed-1",
-        "infinite-reward",
-        "token_ids",
-        "empty-branch-id",
-    ],
-)
-def test_trajectory_rejections(change):
-    with pytest.raises(ValidationError):
-        Trajectory.model_validate(changed(trajectory_body(), change))
+TRAJECTORY_REFUSALS = [
+    pytest.param(lambda t: _messages(t).pop(2), "<body>: tool calls ['call'] are never answered", id="unanswered-call"),
+    pytest.param(lambda t: _insert(t, 3, {"role": "assistant", "tool_calls": [_call()]}, _messages(t)[2]),
+                 "<body>: tool call id 'call' is used twice", id="duplicate-call-id"),
+    pytest.param(lambda t: _insert(t, 3, {"role": "tool", "tool_call_id": "other", "content": "x"}),
+                 "<body>: message 3 answers 'other', which is no pending tool call", id="tool-without-pending-call"),
+    pytest.param(lambda t: _insert(t, 3, _messages(t)[2]),
+                 "<body>: message 3 answers 'call', which is no pending tool call", id="tool-answering-twice"),
+    pytest.param(lambda t: _messages(t)[0].update(content=[{"type": "text", "text": "fix task"}]),
+                 "<body>: message 0: content must be a string or null, not list", id="list-content"),
+    pytest.param(lambda t: _messages(t)[0].update(content=f"fix {HINT_OPEN}hint{HINT_CLOSE}"),
+                 "<body>: message 0 (user) still carries a training hint marker", id="hint-in-user"),
+    pytest.param(lambda t: _insert(t, 0, {"role": "system", "content": f"stray {HINT_CLOSE}"}),
+                 "<body>: message 0 (system) still carries a training hint marker", id="stray-close-in-system"),
+    pytest.param(lambda t: t.update(messages=[_messages(t)[0]]),
+                 "<body>: a trajectory needs at least one assistant message", id="no-assistant"),
+    pytest.param(lambda t: t.update(messages=[]), "<body>: a trajectory needs at least one message", id="no-messages"),
+    pytest.param(lambda t: _messages(t)[3].update(extra=1),
+                 "<body>: message 3 has unknown keys ['extra']", id="unknown-message-key"),
+    pytest.param(lambda t: _messages(t)[0].update(role="developer"),
+                 "<body>: message 0 has role 'developer'; expected one of ['assistant',", id="unknown-role"),
+    pytest.param(lambda t: _messages(t)[3].update(reasoning_content=None),
+                 "<body>: message 3: reasoning_content must be a string (omit it rather", id="null-reasoning"),
+    pytest.param(lambda t: _messages(t)[0].update(tool_calls=[]),
+                 "<body>: message 0: only assistant messages carry tool_calls", id="tool-calls-on-user"),
+    pytest.param(lambda t: _messages(t)[3].update(tool_call_id="call"),
+                 "<body>: message 3: only tool messages carry tool_call_id", id="tool-call-id-on-assistant"),
+    pytest.param(lambda t: _messages(t)[1].update(tool_calls=[_call("")]),
+                 "<body>: a tool call needs a non-empty id", id="empty-call-id"),
+    pytest.param(lambda t: _messages(t)[1].update(tool_calls=[{**_call(), "type": "custom"}]),
+                 "<body>: tool call 'call' has type 'custom', not 'function'", id="non-function-call"),
+    pytest.param(lambda t: _messages(t)[1].update(tool_calls=[_call(arguments="[1]")]),
+                 "<body>: tool call 'call': arguments must decode to a JSON object", id="array-arguments"),
+    pytest.param(lambda t: _messages(t)[1].update(tool_calls=[_call(arguments="not json")]),
+                 "<body>: tool call 'call': arguments are not JSON", id="bad-json-arguments"),
+    pytest.param(lambda t: _messages(t)[1].update(tool_calls=[_call(arguments=5)]),
+                 "<body>: tool call 'call': arguments must decode to a JSON object", id="number-arguments"),
+    pytest.param(lambda t: t["metadata"].pop("provenance"),
+                 "<body>: metadata.provenance is required", id="provenance-missing"),
+    pytest.param(lambda t: t["metadata"].update(provenance={"prefix_messages": 5, "inserted_messages": []}),
+                 "<body>: provenance prefix_messages 5 > 4 messages", id="prefix-beyond-length"),
+    pytest.param(lambda t: t["metadata"].update(provenance={"prefix_messages": 0, "inserted_messages": [0]}),
+                 "<body>: provenance inserted_messages: message 0 is not an assistant", id="inserted-user-message"),
+    pytest.param(lambda t: t["metadata"].update(provenance={"prefix_messages": 0, "inserted_messages": [4]}),
+                 "<body>: provenance inserted_messages: message 4 is not an assistant", id="inserted-out-of-range"),
+    pytest.param(lambda t: t["metadata"].update(provenance={"prefix_messages": True, "inserted_messages": []}),
+                 "<body>: metadata.provenance is invalid: prefix_messages: Input should", id="prefix-bool"),
+    pytest.param(lambda t: t["metadata"]["provenance"].update(extra=0),
+                 "<body>: metadata.provenance is invalid: extra: Extra inputs are not", id="provenance-extra-key"),
+    pytest.param(lambda t: t.update(stop_reason="timeout"),
+                 "<body>: stop_reason is null exactly when status is 'completed'", id="completed-with-stop-reason"),
+    pytest.param(lambda t: t.update(status="truncated"),
+                 "<body>: stop_reason is null exactly when status is 'completed'", id="truncated-without-stop-reason"),
+    pytest.param(lambda t: t.update(status="truncated", stop_reason="crashed"),
+                 "stop_reason: Input should be 'max_turns_reached', 'timeout' or", id="unknown-stop-reason"),
+    pytest.param(lambda t: t.update(hints_removed=False),
+                 "hints_removed: hints_removed must be literally true", id="hints-not-removed"),
+    pytest.param(lambda t: t.update(hints_removed=1),
+                 "hints_removed: hints_removed must be literally true", id="hints-removed-1"),
+    pytest.param(lambda t: t.update(reward=float("inf")),
+                 "reward: Input should be a finite number", id="infinite-reward"),
+    pytest.param(lambda t: t.update(token_ids=[1, 2]), "token_ids: Extra inputs are not permitted", id="token_ids"),
+    pytest.param(lambda t: t.update(branch_id=""),
+                 "branch_id: String should match pattern '\\S'", id="empty-branch-id"),
+]
+
+
+@pytest.mark.parametrize("change, refusal", TRAJECTORY_REFUSALS)
+def test_trajectory_rejections(change, refusal):
+    assert_refused(Trajectory, changed(trajectory_body(), change), refusal)
 
 
 def test_check_messages_says_what_is_wrong():
@@ -396,44 +394,41 @@ def _failed(slot: str) -> Body:
     return {"sample_slot_id": slot, "reason": "Actor did not complete"}
 
 
-@pytest.mark.parametrize(
-    "change",
-    [
-        lambda r: r.update(actual_samples=0),
-        lambda r: r.update(failed_samples=[_failed(r["trajectories"][0]["sample_slot_id"])]),
-        lambda r: r.update(trajectories=r["trajectories"] * 2, actual_samples=2),
-        lambda r: r.update(failed_samples=[_failed("s"), _failed("s")]),
-        lambda r: r.update(progress={}),
-        lambda r: r.update(status="done"),
-        lambda r: r.update(search_branches=-1),
-        lambda r: r.update(max_samples=0),
-    ],
-    ids=[
-        "actual-mismatch",
-        "slot-returned-and-failed",
-        "slot-returned-twice",
-        "slot-failed-twice",
-        "progress",
-        "unknown-status",
-        "negative-branches",
-        "no-samples",
-    ],
-)
-def test_result_rejections(change):
-    with pytest.raises(ValidationError):
-        RolloutGroupResult.model_validate(changed(fixture("result"), change))
+RESULT_REFUSALS = [
+    pytest.param(lambda r: r.update(actual_samples=0),
+                 "<body>: actual_samples 0 != 1 trajectories", id="actual-mismatch"),
+    pytest.param(lambda r: r.update(failed_samples=[_failed(r["trajectories"][0]["sample_slot_id"])]),
+                 "<body>: each sample slot is filled or failed at most once", id="slot-returned-and-failed"),
+    pytest.param(lambda r: r.update(trajectories=r["trajectories"] * 2, actual_samples=2),
+                 "<body>: each sample slot is filled or failed at most once", id="slot-returned-twice"),
+    pytest.param(lambda r: r.update(failed_samples=[_failed("s"), _failed("s")]),
+                 "<body>: each sample slot is filled or failed at most once", id="slot-failed-twice"),
+    pytest.param(lambda r: r.update(progress={}), "progress: Extra inputs are not permitted", id="progress"),
+    pytest.param(lambda r: r.update(status="done"),
+                 "status: Input should be 'queued', 'running', 'completed',", id="unknown-status"),
+    pytest.param(lambda r: r.update(search_branches=-1),
+                 "search_branches: Input should be greater than or equal to 0", id="negative-branches"),
+    pytest.param(lambda r: r.update(max_samples=0), "max_samples: Input should be greater than 0", id="no-samples"),
+]
+
+
+@pytest.mark.parametrize("change, refusal", RESULT_REFUSALS)
+def test_result_rejections(change, refusal):
+    assert_refused(RolloutGroupResult, changed(fixture("result"), change), refusal)
 
 
 def test_result_while_running_and_after_a_failed_slot():
     running = {**fixture("result"), "trajectories": [], "actual_samples": 0, "status": "running"}
-    RolloutGroupResult.model_validate(running)
+    assert RolloutGroupResult.model_validate(running).model_dump(mode="json") == running
     partial = {
         **fixture("result"),
         "max_samples": 2,
         "status": "early_stopped",
         "failed_samples": [_failed("s2")],
     }
-    RolloutGroupResult.model_validate(partial)
+    result = RolloutGroupResult.model_validate(partial)
+    assert result.model_dump(mode="json") == partial
+    assert [f.sample_slot_id for f in result.failed_samples] == ["s2"] and result.status == "early_stopped"
 
 
 def test_ack_is_exactly_id_and_status():

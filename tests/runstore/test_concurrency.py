@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import time
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -43,22 +44,27 @@ def test_eight_workers_run_each_of_1000_jobs_once(db_url: str) -> None:
 def test_killed_worker_job_is_re_leased_and_its_late_result_refused(db_url: str) -> None:
     store = RunStore(db_url, job_kinds())
     job = store.submit("gate", {"task_dir": "t"}, max_attempts=3)
-    lease_s = 1.0
+    lease_s = 3.0  # a heartbeat every 0.75 s
     out = fork.Queue()
     proc = fork.Process(target=hold_lease, args=(db_url, lease_s, out))
     proc.start()
     try:
         job_id, dead_token = out.get(timeout=20)
         assert job_id == job.id
-        time.sleep(lease_s * 1.5)  # heartbeats keep the lease past its first expiry
+        first_expiry = store.get(job.id).lease_expires_at
+        assert first_expiry is not None
+        while datetime.now(UTC) < first_expiry + timedelta(seconds=0.5):
+            time.sleep(0.1)
+        # past its first expiry, the lease is held: the heartbeats moved it on
         assert store.claim("w2", "h2") == []
-        assert store.get(job.id).lease_owner == "doomed"
+        held = store.get(job.id)
+        assert held.lease_owner == "doomed" and held.lease_expires_at and held.lease_expires_at > first_expiry
     finally:
         proc.kill()  # SIGKILL, mid-job
         proc.join()
     assert proc.exitcode == -9
 
-    deadline = time.monotonic() + lease_s * 5
+    deadline = time.monotonic() + 60  # the last heartbeat's lease runs out, then the job is claimable
     while not (claims := store.claim("w2", "h2", lease_s=30)):
         assert time.monotonic() < deadline, "the dead worker's job was never re-leased"
         time.sleep(0.05)

@@ -20,15 +20,24 @@ LINKS_UP = ("for i in /sys/class/net/*; do [ ${i##*/} != lo ] && [ \"$(cat $i/ca
             "&& echo up:${i##*/}; done; true")
 
 
+class _Greeter(socketserver.ThreadingTCPServer):
+    over: threading.Event | None
+
+
 class _Greeting(socketserver.BaseRequestHandler):
+    server: _Greeter
+
     def handle(self) -> None:
-        self.request.sendall(b"hello from the host\n")
+        over = self.server.over is not None and self.server.over.is_set()
+        self.request.sendall(b"done.\n" if over else b"hello from the host\n")
 
 
 @contextmanager
-def greeter(address: str) -> Iterator[int]:
-    """A TCP listener on the host at `address` that greets each connection; yields its port."""
-    server = socketserver.ThreadingTCPServer((address, 0), _Greeting)
+def greeter(address: str, over: threading.Event | None = None) -> Iterator[int]:
+    """A TCP listener on the host at `address` that greets each connection (says "done." once `over` is
+    set); yields its port."""
+    server = _Greeter((address, 0), _Greeting)
+    server.over = over
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -89,10 +98,13 @@ def test_a_sandbox_keeps_reaching_the_host_while_others_join_and_leave_the_netwo
     sandbox = store.create_sandbox(DEBIAN_IMAGE, network=True)
     gateway, address = bridge_gateway(), Path("/sys/class/net", bridge_name(), "address")
     others = Store(store.root, runtime_bin=RUNTIME_BIN)
-    with greeter(gateway) as port, ThreadPoolExecutor(1) as pool:
+    churn_over = threading.Event()
+    with greeter(gateway, churn_over) as port, ThreadPoolExecutor(1) as pool:
+        # one probe every ~0.1 s (1 reached, 0 not) until the host says the churn is over
         probes = pool.submit(sandbox.exec, (
-            "ok=0; for i in $(seq 60); do timeout 1 bash -c 'exec 3<>/dev/tcp/%s/%d && head -c 5 <&3' "
-            ">/dev/null && ok=$((ok + 1)); sleep 0.1; done; echo $ok") % (gateway, port))
+            "r=; for i in $(seq 3000); do got=$(timeout 1 bash -c 'exec 3<>/dev/tcp/%s/%d && head -c 5 <&3' "
+            "2>/dev/null) && r=${r}1 || r=${r}0; [ \"$got\" = done. ] && break; sleep 0.1; done; echo $r $got"
+        ) % (gateway, port))
         seen = {address.read_text()}
         for _ in range(3):
             other = others.create_sandbox(DEBIAN_IMAGE, network=True)
@@ -102,7 +114,10 @@ def test_a_sandbox_keeps_reaching_the_host_while_others_join_and_leave_the_netwo
                 seen.add(address.read_text())
             other.destroy()
             seen.add(address.read_text())
-        # a lost gateway costs seconds of probes in a row (52 of 60 before the fix); one stray timeout
-        # on a busy host is not that
-        assert int(probes.result().output) >= 58
+        churn_over.set()
+        reached, *last = probes.result().output.split()
+        assert last == ["done."], "the probes ended before the churn did"
+        # a lost gateway costs seconds of probes in a row (52 of 60 failed before the fix); a stray
+        # timeout on a busy host is not that
+        assert "000" not in reached, reached
     assert len(seen) == 1, f"the bridge's address changed: {seen}"
