@@ -3,4 +3,4 @@
 from sprout.cli import alias
 
 if __name__ == "__main__":
-    alias(["report"])
+    alias("ops.report")

@@ -63,7 +63,9 @@ def main(argv: list[str] | None = None) -> None:
     run_cli(run, sys.argv[1:] if argv is None else argv)
 
 
-def alias(prefix: list[str], translate: Callable[[list[str]], list[str]] = lambda argv: argv) -> None:
-    """A seed `python -m` form: runs `sprout PREFIX ARGS`, the ARGS first translated when the old form
-    spelled something differently."""
-    main([*prefix, *translate(sys.argv[1:])])
+def alias(module: str) -> None:
+    """Runs the seed's `python -m MODULE ARGS` as the `sprout` subcommand it stands for (sprout.cli.aliases)."""
+    from .aliases import SEED_FORMS
+
+    prefix, translate = SEED_FORMS[module]
+    run_cli(lambda argv: run([*prefix, *translate(argv)]), sys.argv[1:])

@@ -199,20 +199,3 @@ def add(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--older-than", type=float, metavar="SECONDS",
                    help="also remove checkpoints older than this with no branch or child, and unused images")
     s.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
-
-
-def seed_form(argv: list[str]) -> list[str]:
-    """`python -m sprout.sandbox [--store DIR] [--runtime-bin PATH] COMMAND ...` as `sprout sandbox COMMAND ...`:
-    the store flags go after the command, and gc's --older-than, which counted hours there, becomes seconds."""
-    leading: list[str] = []
-    while argv and argv[0] in ("--store", "--runtime-bin") and len(argv) > 1:
-        leading, argv = leading + argv[:2], argv[2:]
-    argv = argv[:1] + leading + argv[1:]
-    if argv[:1] == ["gc"] and "--older-than" in argv:
-        at = argv.index("--older-than") + 1
-        if at < len(argv):
-            try:
-                argv[at] = str(float(argv[at]) * 3600)
-            except ValueError:
-                pass  # the parser refuses it, with its own message
-    return argv

@@ -168,4 +168,4 @@ def _write_results(config: BenchmarkConfig, manifest: PreparationManifest, ids_r
 if __name__ == "__main__":  # the seed's form of `sprout benchmark`
     from ..cli import alias
 
-    alias(["benchmark"])
+    alias("sprout.eval.benchmark")

@@ -364,4 +364,4 @@ def _turn_printer(out: Console) -> Callable[[str, TurnEvent], None]:
 if __name__ == "__main__":  # the seed's form of `sprout evaluate`
     from ..cli import alias
 
-    alias(["evaluate"])
+    alias("sprout.eval.evaluate")

@@ -184,4 +184,4 @@ def summary_line(summary: GateSummary) -> str:
 if __name__ == "__main__":  # the seed's form of `sprout gate`
     from ..cli import alias
 
-    alias(["gate"])
+    alias("sprout.eval.gate")

@@ -70,4 +70,4 @@ def _prepare_task(task_dir: Path, store: Store | None, pull: PullPolicy | None) 
 if __name__ == "__main__":  # the seed's form of `sprout prepare`
     from ..cli import alias
 
-    alias(["prepare"])
+    alias("sprout.eval.prepare")

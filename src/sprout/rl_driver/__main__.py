@@ -3,4 +3,4 @@
 if __name__ == "__main__":
     from ..cli import alias
 
-    alias(["rl-driver"])
+    alias("sprout.rl_driver")

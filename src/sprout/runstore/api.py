@@ -279,4 +279,4 @@ def serve(store: RunStore, tokens: TokenTable, *, host: str = "127.0.0.1", port:
 if __name__ == "__main__":  # the seed's form of `sprout runstore serve`
     from ..cli import alias
 
-    alias(["runstore", "serve"])
+    alias("sprout.runstore.api")

@@ -87,4 +87,4 @@ def add_token(path: str | Path, scope: Scope) -> str:
 if __name__ == "__main__":  # the seed's form of `sprout runstore token` (`add TOKENS_FILE --scope S`)
     from ..cli import alias
 
-    alias(["runstore", "token"], lambda argv: argv[1:] if argv[:1] == ["add"] else argv)
+    alias("sprout.runstore.auth")

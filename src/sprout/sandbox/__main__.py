@@ -2,6 +2,5 @@
 
 if __name__ == "__main__":
     from ..cli import alias
-    from ..cli.sandbox import seed_form
 
-    alias(["sandbox"], seed_form)
+    alias("sprout.sandbox")

@@ -440,4 +440,4 @@ def serve(script: str | Path, *, host: str = "127.0.0.1", port: int = 0, api_key
 if __name__ == "__main__":  # the seed's form of `sprout scripted-model`
     from ..cli import alias
 
-    alias(["scripted-model"])
+    alias("sprout.testing.scripted_model")

@@ -4,4 +4,4 @@
 if __name__ == "__main__":
     from ..cli import alias
 
-    alias([], lambda argv: ["worker", *argv] if argv[:1] == ["serve"] else argv)
+    alias("sprout.worker")
