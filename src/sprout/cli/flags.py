@@ -1,7 +1,7 @@
 """Every flag that more than one command takes, defined once: its name, type, metavar and help text.
 
-Conventions, the same for every command: a list is space-separated (`--tasks a b`; an item holding commas
-is split at them too, as the seed's comma forms were); a duration is in seconds; `-o/--output` names what
+Conventions, the same for every command: a list is space-separated (`--tasks a b`; a list of names also
+takes the seed's comma form, `--tasks a,b`, through `names_list`); a duration is in seconds; `-o/--output` names what
 a command writes; `--store` and `--runtime-bin` are flags of the command that uses them (never of a group).
 Exit status: 0 done, 1 failed, 2 usage (a flag the parser refuses, or flags that cannot go together).
 """

@@ -10,7 +10,10 @@ import marshal
 import os
 import selectors
 import subprocess
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,6 +159,30 @@ def run_via_podman(container: str, profile: dict, argv: list[str], cwd: str, use
     if timed_out:
         output += f"\nsprout: timed out after {timeout:g}s; the command's processes were killed\n"
     return ExecResult(output, code, time.monotonic() - started, timed_out, truncated)
+
+
+@contextmanager
+def on_cancel(cancel: threading.Event | None, action: Callable[[], object], name: str) -> Iterator[None]:
+    """While the body runs, `action` runs (once, in a thread called `name`) if `cancel` is set: it ends a
+    command blocked in the sandbox."""
+    if cancel is None:
+        yield
+        return
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            if cancel.wait(0.05):
+                action()
+                return
+
+    watcher = threading.Thread(target=watch, name=name, daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
 
 
 def _exits_by(proc: subprocess.Popen, deadline: float | None) -> bool:

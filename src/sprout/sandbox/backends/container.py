@@ -143,21 +143,8 @@ def _killed_on(cancel: threading.Event | None, profile: dict) -> Iterator[None]:
         yield
         return
     before = runtime.processes(profile["cgroup_procs"])
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.is_set():
-            if cancel.wait(0.05):
-                runtime.kill_new_processes(profile, before)
-                return
-
-    watcher = threading.Thread(target=watch, name="exec-cancel", daemon=True)
-    watcher.start()
-    try:
+    with execution.on_cancel(cancel, lambda: runtime.kill_new_processes(profile, before), "exec-cancel"):
         yield
-    finally:
-        done.set()
-        watcher.join()
 
 
 def _check_startable(root: Path) -> None:

@@ -29,7 +29,7 @@ from qemu.qmp import QMPError
 from qemu.qmp.legacy import QEMUMonitorProtocol
 
 from ..errors import SproutError
-from ..execution import DEFAULT_MAX_OUTPUT, TIMEOUT_EXIT_CODE, CappedReader, ExecResult
+from ..execution import DEFAULT_MAX_OUTPUT, TIMEOUT_EXIT_CODE, CappedReader, ExecResult, on_cancel
 from .channel import Channel, ChannelError, ChannelTimeout, frame
 from .files import GuestFiles
 from .guest import GuestKit
@@ -265,7 +265,7 @@ class MicroVM:
             started = time.monotonic()
             deadline = started + allowed
             channel.send("R", b"\0".join(f.encode() for f in fields) + b"\0")
-            with _cancelling(channel, cancel):
+            with on_cancel(cancel, lambda: channel.interrupt("C"), "vm-cancel"):
                 while (received := channel.receive(deadline, "running a command"))[0] == "o":
                     reader.feed(received[1])
         kind, body = received
@@ -330,29 +330,6 @@ class MicroVM:
         qemu, console = _tail(self.run_dir / "qemu.log").strip(), _tail(self.run_dir / "console.log")
         return VMError(f"{what} (accelerator {self.accel}; {self.run_dir})"
                        + (f"\nQEMU: {qemu}" if qemu else "") + (f"\nconsole:\n{console}" if console else ""))
-
-
-@contextmanager
-def _cancelling(channel: Channel, cancel: threading.Event | None) -> Iterator[None]:
-    """While the body runs, a set `cancel` sends the agent 'C' (once)."""
-    if cancel is None:
-        yield
-        return
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.is_set():
-            if cancel.wait(0.05):
-                channel.interrupt("C")
-                return
-
-    watcher = threading.Thread(target=watch, daemon=True, name="vm-cancel")
-    watcher.start()
-    try:
-        yield
-    finally:
-        done.set()
-        watcher.join()
 
 
 def _query(qmp: QEMUMonitorProtocol, command: str) -> dict[str, Any]:
