@@ -50,25 +50,84 @@ def _podman_image_ids() -> set[str]:
     return set(listed.stdout.split())
 
 
-@pytest.fixture(scope="session", autouse=True)
-def images_made_are_removed() -> Iterator[None]:
+def _has_store_and_podman() -> bool:
+    return btrfs.is_btrfs(default_root()) and shutil.which("podman") is not None
+
+
+_IMAGES_BEFORE = pytest.StashKey[tuple[set[str], set[str]]]()
+_WORKER_STORE = pytest.StashKey[Path]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """With pytest-xdist (`-n N`, the default: pyproject's addopts) each worker gets a store of its own,
+    `<store>/test-stores/xdist-<worker>`, through SPROUT_STORE, which the processes its tests start
+    inherit: a test's "what did I make" (the sandboxes and checkpoints listed before and after) then
+    sees only its own worker's, and reaping and gc act on one worker's store. The process that is not a
+    worker (the controller, or a run with `-n 0`) notes the images there are before the session."""
+    if worker := os.environ.get("PYTEST_XDIST_WORKER"):
+        if _has_store_and_podman():
+            session.config.stash[_WORKER_STORE] = default_root() / "test-stores" / f"xdist-{worker}"
+            os.environ["SPROUT_STORE"] = str(session.config.stash[_WORKER_STORE])
+        return
+    if _has_store_and_podman():
+        session.config.stash[_IMAGES_BEFORE] = ({im.key for im in Store().images()}, _podman_image_ids())
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
     """After the session, removes the images it made, in the store and in podman: task environments
     built from tests' Dockerfiles and images pulled from the session's registry are new in every run
     (~300 MB each), and a host that runs the suite daily would otherwise fill its store. The suite is
     taken to have the host to itself (as in CI): an image another process made meanwhile goes too.
-    Without a store or podman (python-only runs) there is nothing to remove."""
-    if not (btrfs.is_btrfs(default_root()) and shutil.which("podman")):
-        yield
+    (The workers' stores go whole, with what is in them: see `worker_store`.)"""
+    if os.environ.get("PYTEST_XDIST_WORKER") or _IMAGES_BEFORE not in session.config.stash:
         return
+    images_before, podman_before = session.config.stash[_IMAGES_BEFORE]
     store = Store()
-    images_before, podman_before = {image.key for image in store.images()}, _podman_image_ids()
-    yield
     for image in store.images():
         if image.key not in images_before:
             with suppress(InUseError):  # an image a leaked sandbox still uses stays
                 store.remove_image(image.key)
     if made := _podman_image_ids() - podman_before:
         subprocess.run([*podman_command(), "rmi", "--force", "--ignore", *made], capture_output=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def worker_store(pytestconfig: pytest.Config) -> Iterator[None]:
+    """Under pytest-xdist, the worker's own store (see pytest_sessionstart): made empty (as a killed
+    run may have left it) with the main store's guest kernel, and removed whole after the session."""
+    if (root := pytestconfig.stash.get(_WORKER_STORE, None)) is None:
+        yield
+        return
+    drop_store(root)
+    kernel = root.parents[1] / "microvm" / "kernel"
+    if kernel.is_dir():
+        shutil.copytree(kernel, root / "microvm" / "kernel", symlinks=True)
+    yield
+    drop_store(root)
+
+
+def drop_store(root: Path) -> None:
+    """Removes the store at `root` whole: its sandboxes (containers and VMs), checkpoints, images and
+    every subvolume below it. For stores the tests made."""
+    if not root.exists():
+        return
+    store = Store(root)
+    for sandbox in store.sandboxes():
+        sandbox.destroy()
+    for checkpoint in sorted(store.checkpoints(), key=lambda c: c.created, reverse=True):  # branches first
+        store.remove_checkpoint(checkpoint.id, force=True)
+    store.meta.close()
+    _delete_tree(root)
+
+
+def _delete_tree(path: Path) -> None:
+    for child in path.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            if btrfs.is_subvolume(child):
+                btrfs.delete(child)
+            else:
+                _delete_tree(child)
+    shutil.rmtree(path)
 
 
 @contextmanager

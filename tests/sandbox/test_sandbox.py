@@ -1,16 +1,16 @@
 """Sandbox store on real podman + btrfs: files across checkpoints and branches, exec, limits, recovery."""
 
 import os
-import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from sprout.sandbox import InUseError, SandboxStateError, Store, btrfs
-from tests.conftest import DEBIAN_IMAGE, PYTHON_IMAGE, every_backend
+from sprout.sandbox import InUseError, SandboxStateError, Store, btrfs, confinement
+from tests.conftest import DEBIAN_IMAGE, PYTHON_IMAGE, drop_store, every_backend
 
 
 def read(sandbox, path: str) -> str:
@@ -82,6 +82,39 @@ def test_timeout_kills_the_whole_process_tree(store):
     time.sleep(0.2)
     survivors = sb.exec("cat /proc/[0-9]*/cmdline | tr '\\0' ' '").output
     assert "sleep 30" not in survivors, survivors
+
+
+def _named_then_exec(name: str) -> subprocess.Popen:
+    """A process named `name` (as runc's init is) that after 0.5 s execs `sleep 30` with the environment
+    MARK=program, as a container's init execs its program."""
+    code = (f"import ctypes, os, time; ctypes.CDLL(None).prctl(15, {name.encode()!r}, 0, 0, 0); time.sleep(0.5); "
+            "os.execve('/bin/sleep', ['sleep', '30'], {'MARK': 'program'})")
+    child = subprocess.Popen([sys.executable, "-c", code])
+    while Path(f"/proc/{child.pid}/comm").read_text().strip() != name:
+        time.sleep(0.01)
+    return child
+
+
+@pytest.mark.python_only
+def test_the_profile_is_read_once_the_init_runs_the_containers_program():
+    """podman run returns while runc's init (runc:[2:INIT]) may still be about to exec the container's
+    program: what the profile reads off it (the environment commands get) must be the program's."""
+    child = _named_then_exec("runc:[2:INIT]")
+    try:
+        confinement.wait_for_exec(child.pid)
+        assert Path(f"/proc/{child.pid}/comm").read_text() == "sleep\n"
+        assert Path(f"/proc/{child.pid}/environ").read_bytes() == b"MARK=program\0"
+    finally:
+        child.kill()
+        child.wait()
+    stuck = _named_then_exec("runc:[2:INIT]")
+    stuck.send_signal(signal.SIGSTOP)  # never gets to its exec
+    try:
+        with pytest.raises(SandboxStateError, match="did not start its program in 0.3s"):
+            confinement.wait_for_exec(stuck.pid, timeout_s=0.3)
+    finally:
+        stuck.kill()
+        stuck.wait()
 
 
 def test_confinement_matches_podman_exec(base_store, tmp_path):
@@ -198,10 +231,7 @@ def test_checkpoint_with_branches_refused_and_gc_keeps_referenced(store, tmp_pat
     a.destroy()
     for checkpoint in store.checkpoints():
         checkpoint.delete()
-    for image in store.images():
-        btrfs.delete(image.path)
-    store.meta.close()
-    shutil.rmtree(root)
+    drop_store(root)
 
 
 def test_image_config_is_applied(store, tmp_path):

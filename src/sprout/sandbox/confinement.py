@@ -20,6 +20,7 @@ RUNC_STATE_DIRS = (Path("/run/runc"), Path("/run/runc-ctrs"))
 PTRACE_SEIZE, PTRACE_INTERRUPT, PTRACE_DETACH, PTRACE_SECCOMP_GET_FILTER = 0x4206, 0x4207, 17, 0x420C
 WALL = 0x40000000
 STOP_TIMEOUT_S = 60.0  # a tracee in uninterruptible sleep (I/O on a busy store) stops only once it wakes
+EXEC_TIMEOUT_S = 30.0  # how long the container's init may take to become the container's process
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
 _libc.ptrace.restype = ctypes.c_long
@@ -33,9 +34,28 @@ def runc_state(container_id: str) -> dict | None:
     return None
 
 
-def proc_starttime(pid: int) -> int:
+def _stat_fields(pid: int) -> list[bytes]:
+    """/proc/PID/stat's fields from the third on (after the command name, which may hold spaces)."""
     stat = Path(f"/proc/{pid}/stat").read_bytes()
-    return int(stat[stat.rindex(b")") + 2:].split()[19])
+    return stat[stat.rindex(b")") + 2:].split()
+
+
+def proc_starttime(pid: int) -> int:
+    return int(_stat_fields(pid)[19])
+
+
+def wait_for_exec(pid: int, timeout_s: float = EXEC_TIMEOUT_S) -> None:
+    """Returns once the container's init has finished its execve. `runc start` (and so `podman run`)
+    returns as runc's own init is about to exec the container's process: until it is done, the
+    process's name is runc's (`runc:[2:INIT]`) or its environment is not there yet (env_end, field
+    51 of /proc/PID/stat, is 0 until the new program's stack is set up), and a profile read then would
+    give commands runc's environment, or none."""
+    deadline, pause = time.monotonic() + timeout_s, 0.0005
+    while Path(f"/proc/{pid}/comm").read_text().startswith("runc:[") or int(_stat_fields(pid)[48]) == 0:
+        if time.monotonic() > deadline:
+            raise SandboxStateError(f"the sandbox init {pid} did not start its program in {timeout_s:g}s")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
 
 
 def _status_fields(pid: int) -> dict[str, str]:
@@ -85,6 +105,7 @@ def capture(container_id: str) -> dict:
     if state is None:
         raise SandboxStateError(f"container {container_id[:12]} is not running (no runc state)")
     pid = state["init_process_pid"]
+    wait_for_exec(pid)
     status = _status_fields(pid)
     uid = int(status["Uid"].split()[0])
     gid = int(status["Gid"].split()[0])
