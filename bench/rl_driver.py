@@ -33,8 +33,9 @@ Reported, per group:
                      rollout + grade seconds, sandbox creation not included).
 
 With --search (local slots only, --latency s per model call, the scripted model as policy and reviewer):
-  search             an FF search group: 2 roots of --turns calls that fail, each reviewed (3 reviewer
-                     calls) at turn --turns - 1, a student and one repair continuation from there: 6 samples
+  search             an FF search group: 2 roots of --turns calls that fail, each reviewed (2 reviewer
+                     calls, answered at once) at turn --turns - 1, a student and one repair
+                     continuation from there: 6 samples
   independent        a plain group of as many samples (6 roots of --turns calls)
   replayed           the 4 branches re-executed from scratch instead of restored from the checkpoint:
                      the prefix's --turns - 1 turns replayed, then the branch's own turns (students 1,
