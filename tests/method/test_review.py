@@ -214,7 +214,7 @@ def test_a_reviewer_busy_past_the_deadline_is_not_called(tmp_path):
         busy.calls.acquire()  # another group's call holds the only place
         started = time.monotonic()
         record = busy.review(task, review_id="r", round_number=1, reviewed="j", deadline=time.time() + 3)
-        assert time.monotonic() - started < 3
+        assert time.monotonic() - started < 4  # it gave up at the deadline (3 s), not after the call's timeout
         assert [r for r in server.requests if r["path"].endswith("/chat/completions")] == []
     assert record.tries[0].problems == ["no time left for the call"] and record.fallback
 
