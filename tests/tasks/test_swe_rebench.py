@@ -21,6 +21,8 @@ from sprout.tasks.swe_rebench import (
     grade_instance,
     load_instances,
     load_parsers,
+    official_log,
+    read_patches,
     repo_dir,
     strip_timing,
     touched_test_paths,
@@ -350,7 +352,7 @@ def test_fix_is_resolved_and_the_diff_has_untracked_files(calc):
     assert "calc/new.py" in diff and "GIT binary patch" in diff and "a * b" in diff
     grade = grade_instance(store, instance, diff, parsers, timeout_s=120)
     assert grade.reward == 1.0 and grade.resolved_exact and grade.resolved_lenient, grade
-    assert grade.zero_reason is None and grade.touched_test_paths == []
+    assert grade.zero_reason is None and grade.touched_test_paths == [] and grade.differences == []
     assert grade.statuses == {"tests/test_mul.py::test_mul": "PASSED", "tests/test_ops.py::test_add": "PASSED"}
     assert grade.grader_revision == parsers.grader_revision
 
@@ -360,6 +362,8 @@ def test_no_change_and_wrong_change_are_not_resolved(calc):
     nothing = grade_instance(store, instance, "", parsers, timeout_s=120)
     assert nothing.reward == 0.0 and nothing.zero_reason == "not_resolved" and not nothing.resolved_lenient
     assert nothing.fail_to_pass_missing == ["tests/test_mul.py::test_mul"]
+    assert nothing.differences == ["empty_patch_ran_tests"]  # the official harness refuses an empty patch
+    assert nothing.statuses == {"tests/test_mul.py::test_mul": "FAILED", "tests/test_ops.py::test_add": "PASSED"}
     wrong = diff_after(store, instance, "sed -i '$ s/a + b/a * b + 1/' calc/ops.py")
     grade = grade_instance(store, instance, wrong, parsers, timeout_s=120)
     assert grade.reward == 0.0 and grade.zero_reason == "not_resolved" and grade.resolved_exact is False, grade
@@ -384,6 +388,7 @@ def test_patch_that_does_not_apply_is_zero(calc):
     grade = grade_instance(store, instance, bad, parsers, timeout_s=120)
     assert grade.reward == 0.0 and grade.zero_reason == "patch_failed" and not grade.resolved_exact, grade
     assert "agent's diff did not apply" in grade.error and grade.statuses == {}
+    assert grade.differences == ["patch_failed_ran_nothing"]
 
 
 def test_hanging_tests_are_cut_off(calc):
@@ -393,6 +398,65 @@ def test_hanging_tests_are_cut_off(calc):
     grade = grade_instance(store, hanging, FIX, parsers, timeout_s=8)
     assert grade.reward == 0.0 and grade.zero_reason == "timeout" and grade.duration_s < 60, grade
     assert grade.statuses["tests/test_mul.py::test_mul"] == "PASSED"  # parsed from what ran before the cut
+    assert grade.differences == ["tests_timed_out"]
+
+
+def _with(instance: Instance, **install_config) -> Instance:
+    return instance.model_copy(update={"install_config": instance.install_config.model_copy(update=install_config)})
+
+
+def _new_file(path: str, text: str) -> str:
+    lines = text.splitlines()
+    return (f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n"
+            f"@@ -0,0 +1,{len(lines)} @@\n" + "".join(f"+{line}\n" for line in lines))
+
+
+@pytest.mark.parametrize("calc", ["runtime"], indirect=True)  # about the log, not the exec path
+def test_a_log_that_is_not_utf8_resolves_nothing_and_crlf_lines_are_lines(calc, tmp_path):
+    """As the official harness reads the log: the gold fix with a conftest.py that writes a byte that is not
+    UTF-8 to fd 1 after the tests passed is an error, not resolved; output with \\r\\n line ends is read
+    as lines by every parser (here a go-style one, whose `$` would not match before a \\r)."""
+    store, instance, parsers = calc
+    conftest = "import os\n\n\ndef pytest_unconfigure(config):\n    os.write(1, b'done \\xff\\n')\n"
+    log = tmp_path / "log.txt"
+    grade = grade_instance(store, instance, FIX + _new_file("conftest.py", conftest), parsers, timeout_s=120,
+                           log_path=log)
+    assert grade.statuses == {"tests/test_mul.py::test_mul": "PASSED", "tests/test_ops.py::test_add": "PASSED"}
+    assert grade.reward == 0.0 and grade.zero_reason == "log_not_utf8" and not grade.resolved_lenient, grade
+    assert "(stdout) is not UTF-8" in grade.error and "passed in" in log.read_text() and "done \ufffd\n" in log.read_text()
+    lines = "".join(f"--- PASS: {name} (0.01s)\\r\\n" for name in ROW["FAIL_TO_PASS"] + ROW["PASS_TO_PASS"])
+    crlf = _with(instance, test_cmd=[f"printf -- '{lines}'"], log_parser="parse_log_gotest")
+    grade = grade_instance(store, crlf, FIX, parsers, timeout_s=120)
+    assert grade.reward == 1.0 and grade.zero_reason is None, grade
+
+
+@pytest.mark.parametrize("calc", ["runtime"], indirect=True)
+def test_the_grade_command_grades_patches_files_and_golden_patches(calc, tmp_path):
+    store, instance, _ = calc
+    data = write_jsonl(tmp_path / "d.jsonl", [{**ROW, "base_commit": instance.base_commit, "patch": FIX,
+                                               "test_patch": TEST_PATCH, "install_config": {
+                                                   "test_cmd": [TEST_CMD], "log_parser": "parse_log_pytest"}}])
+    (tmp_path / "log_parsers.py").write_text(PARSERS)
+    common = [data, "--parsers", tmp_path / "log_parsers.py", "--store", store.root]
+    (tmp_path / "gold.json").write_text(json.dumps([{"instance_id": ROW["instance_id"], "patch": FIX}]))
+    ran = run_grade(*common, "--patches", tmp_path / "gold.json", "--log-dir", tmp_path / "logs",
+                    "-o", tmp_path / "grades.json", "--verbose")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    first, *tests, summary = ran.stdout.splitlines()
+    assert first.startswith("acme__calc-1: resolved in ") and "differs" not in first
+    assert sorted(tests) == ["    PASSED  tests/test_mul.py::test_mul", "    PASSED  tests/test_ops.py::test_add"]
+    assert summary == "1 graded (rule exact): 1 resolved, 0 not resolved, 0 without a verdict"
+    assert "2 passed" in (tmp_path / "logs" / "acme__calc-1_log.txt").read_text()  # the whole log
+    [grade] = json.loads((tmp_path / "grades.json").read_text())
+    assert grade["resolved"] is True and grade["statuses"]["tests/test_mul.py::test_mul"] == "PASSED"
+    (tmp_path / "empty.json").write_text(json.dumps([{"instance_id": ROW["instance_id"], "patch": ""}]))
+    ran = run_grade(*common, "--patches", tmp_path / "empty.json")
+    assert ran.returncode == 0, ran.stdout + ran.stderr  # grading completed: the verdict is no failure
+    assert ran.stdout.splitlines()[0].startswith("acme__calc-1: not resolved (not_resolved: 1 FAIL_TO_PASS missing")
+    assert ran.stdout.splitlines()[0].endswith("[differs from the official harness: empty_patch_ran_tests]")
+    assert run_grade(*common, "--patches", tmp_path / "empty.json", "--fail-unresolved").returncode == 1
+    golden = run_grade(*common, "--golden-eval", "--instance-id", ROW["instance_id"])
+    assert golden.returncode == 0 and "1 resolved" in golden.stdout, golden.stdout + golden.stderr
 
 
 def test_missing_image_has_no_verdict(calc):
@@ -562,3 +626,94 @@ def test_a_go_style_log_is_parsed_and_its_timings_stripped(base_store, tmp_path)
         assert unfixed.reward == 0.0 and unfixed.fail_to_pass_missing == ["TestMul"]
     finally:
         remove_image(store, tag)
+
+
+# ---------------------------------------------------------------- the log as the official harness reads it
+
+
+@python_only
+def test_the_log_is_decoded_as_the_official_harness_decodes_it():
+    log, problem = official_log([("stdout", b"a\r\nb\rc\n"), ("stderr", b"d\r\n")])
+    assert log == "a\nb\nc\nd\n" and problem is None  # universal newlines, stdout then stderr
+    log, problem = official_log([("stdout", b"PASSED t\n"), ("stderr", b"done \xff\r\n")])
+    assert log == "PASSED t\ndone \ufffd\n"
+    assert problem == ("the test output (stderr) is not UTF-8 (byte 5: b'\\xff'): the official harness cannot "
+                       "decode it")
+
+
+@python_only
+def test_every_parser_reads_a_crlf_log_as_its_lf_twin(tmp_path):
+    (tmp_path / "log_parsers.py").write_text(PARSERS)
+    parsers = load_parsers(tmp_path / "log_parsers.py")
+    lf = "PASSED tests/a.py::t\nFAILED tests/b.py::u - boom\n--- PASS: TestX (0.01s)\n--- FAIL: TestY (1.20s)\n"
+    crlf = lf.replace("\n", "\r\n").encode()
+    for name in parsers.names():
+        assert parsers.get(name)(official_log([("stdout", crlf)])[0]) == parsers.get(name)(lf), name
+    gotest = parsers.get("parse_log_gotest")
+    assert gotest(crlf.decode()) != gotest(lf)  # what a parser given the raw log would have seen
+
+
+@python_only
+@pytest.mark.parametrize("stdout, reward, reason", [
+    (b"--- PASS: tests/test_mul.py::test_mul (0.01s)\r\n--- PASS: tests/test_ops.py::test_add (0.02s)\r\n", 1.0,
+     None),
+    (b"--- PASS: tests/test_mul.py::test_mul (0.01s)\n--- PASS: tests/test_ops.py::test_add (0.02s)\ndone \xff\n", 0.0,
+     "log_not_utf8")])
+def test_the_harbor_verifier_reads_the_log_as_the_official_harness(tmp_path, stdout, reward, reason):
+    (tmp_path / "log_parsers.py").write_text(PARSERS)
+    spec = {"log_parser": "parse_log_gotest", "FAIL_TO_PASS": ROW["FAIL_TO_PASS"], "PASS_TO_PASS": ROW["PASS_TO_PASS"],
+            "rule": "exact"}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    (tmp_path / "stdout").write_bytes(stdout)
+    script = REPO / "src" / "sprout" / "tasks" / "swe_rebench" / "verdict.py"
+    ran = subprocess.run([sys.executable, script, "--spec", tmp_path / "spec.json", "--parsers", tmp_path / "log_parsers.py",
+                          "--log", tmp_path / "stdout", "--log", tmp_path / "stderr", "--reward", tmp_path / "reward.json",
+                          "--details", tmp_path / "details.json"], capture_output=True, text=True, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads((tmp_path / "reward.json").read_text()) == {"reward": reward, "resolved_exact": reward,
+                                                                   "resolved_lenient": reward}
+    details = json.loads((tmp_path / "details.json").read_text())
+    assert details.get("zero_reason") == reason and details["exact"]  # the tests passed either way
+    assert ("not UTF-8" in ran.stdout) == (reason is not None)
+
+
+# ---------------------------------------------------------------- the grade command
+
+
+def run_grade(*args, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sprout", "swe-rebench", "grade", *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, timeout=600, env=env)
+
+
+@python_only
+@pytest.mark.parametrize("patches, flags, code, message", [
+    ([{"instance_id": ROW["instance_id"]}], [], 1, "acme__calc-1 has no patch"),
+    ([{"patch": ""}], [], 1, "entry 1 has no instance_id"),
+    ({"acme__calc-1": ""}, [], 1, "the official format is a JSON list"),
+    ([{"instance_id": ROW["instance_id"], "patch": ""}], ["--instance-id", "other"], 1, "has no patch for other"),
+    ([{"instance_id": "other", "patch": ""}], [], 1, "no instance 'other'"),
+    (None, ["--golden-eval"], 1, "no reference patch in the dataset for acme__calc-1"),
+    (None, ["--diff", "-"], 2, "--diff grades one instance: name it with --instance-id"),
+])
+def test_grade_refuses_what_it_cannot_grade_in_one_line(tmp_path, patches, flags, code, message):
+    data = write_jsonl(tmp_path / "d.jsonl", [ROW])
+    (tmp_path / "log_parsers.py").write_text(PARSERS)
+    source = ["--patches", tmp_path / "p.json"] if patches is not None else []
+    if patches is not None:
+        (tmp_path / "p.json").write_text(json.dumps(patches))
+    ran = run_grade(data, "--parsers", tmp_path / "log_parsers.py", *source, *flags)
+    assert ran.returncode == code and message in ran.stderr, ran.stderr
+    assert "Traceback" not in ran.stderr and len(ran.stderr.strip().splitlines()) == 1, ran.stderr
+
+
+@python_only
+def test_patches_in_the_official_format_are_read_as_given(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps([{"instance_id": "a", "patch": FIX, "model": "m"}, {"instance_id": "b", "patch": ""}]))
+    assert read_patches(path) == {"a": FIX, "b": ""}
+    path.write_text(json.dumps([{"instance_id": "a", "patch": ""}, {"instance_id": "a", "patch": FIX}]))
+    with pytest.raises(SweRebenchError, match="a has two patches"):
+        read_patches(path)
+    path.write_text("[{")
+    with pytest.raises(SweRebenchError, match="patches file .*p.json"):
+        read_patches(path)

@@ -9,13 +9,14 @@ from .instances import (
     SweRebenchError,
     SweRebenchRef,
     load_instances,
+    read_patches,
     repo_dir,
     task_prompt,
 )
-from .verdict import Parsers, SweGradeError, load_parsers, strip_timing, verdict
+from .verdict import Parsers, SweGradeError, load_parsers, official_log, strip_timing, verdict
 
 __all__ = [
     "Instance", "InstanceSet", "Parsers", "SweGrade", "SweGradeError", "SweRebenchError", "SweRebenchRef",
-    "agent_diff", "grade_instance", "load_instances", "load_parsers", "repo_dir", "strip_timing", "task_prompt",
-    "touched_test_paths", "verdict",
+    "agent_diff", "grade_instance", "load_instances", "load_parsers", "official_log", "read_patches", "repo_dir",
+    "strip_timing", "task_prompt", "touched_test_paths", "verdict",
 ]

@@ -8,11 +8,12 @@ each `install_config.test_cmd` run in one `bash -c` script under `set -e` (never
 suffixes stripped from the parsed and the expected test names; resolved when the sorted PASSED names
 equal FAIL_TO_PASS + PASS_TO_PASS (the exact rule).
 
-Where Sprout differs, on purpose: the tests run under a timeout (the official harness has none); a
-patch that does not apply ends the grade with reward 0 (`patch_failed`) rather than running nothing
-and parsing an empty log (the same verdict); an empty agent diff is not applied (the official
-harness refuses an empty patch) so the tests still run and report; expected names are compared as a
-set (a name listed twice, or in both lists, can never match the official sorted list).
+The log is read as the official harness reads it (verdict.official_log): strict UTF-8 (a log that is
+not resolves nothing: `log_not_utf8`) and universal newlines. Where Sprout differs, on purpose (the
+table in docs/swe-rebench.md; a grade's `differences` name the ones that applied): the tests run
+under a timeout; a patch that does not apply ends the grade (`patch_failed`) rather than parsing an
+empty log (the same verdict); an empty agent diff is not applied (the official harness refuses an
+empty patch) so the tests still run and report; expected names are compared as a set.
 
 `swebench` 5.0.2 (harness/grading.py: get_eval_tests_report, get_resolution_status) has the lenient
 rule's shape, FULL resolution, with other semantics: XFAIL counts as passed, a SKIPPED PASS_TO_PASS test
@@ -35,10 +36,12 @@ from pydantic import BaseModel
 from ...sandbox import Checkpoint, Sandbox, Store
 from ..pull import PullPolicy, ensure_present, pull_policy
 from .instances import Instance, repo_dir
-from .verdict import Parser, Parsers, SweGradeError, verdict
+from .verdict import Parser, Parsers, SweGradeError, official_log, verdict
 
 Rule = Literal["exact", "lenient"]
-ZeroReason = Literal["not_resolved", "patch_failed", "timeout", "grade_failed"]
+ZeroReason = Literal["not_resolved", "patch_failed", "timeout", "log_not_utf8", "grade_failed"]
+# Where this grade went another way than the official harness would, on purpose (docs/swe-rebench.md):
+Difference = Literal["empty_patch_ran_tests", "patch_failed_ran_nothing", "tests_timed_out"]
 MAX_LOG_CHARS = 64_000
 GIT_APPLY = "git apply -v --3way --recount --ignore-space-change --whitespace=nowarn"
 GRADE_ENV = {"_JAVA_OPTIONS": "-Djava.net.preferIPv6Addresses=false"}  # as the official `docker run -e`
@@ -151,6 +154,7 @@ class SweGrade(BaseModel):
     timings: dict[str, float]  # seconds per phase: image, start, apply (staging too), tests, parse, destroy
     grader_revision: str
     test_exit_code: int | None = None
+    differences: list[Difference] = []  # the intended differences from the official harness that applied
 
 
 class _Failed(Exception):
@@ -168,6 +172,7 @@ def grade_instance(store: Store, instance: Instance, diff: str, parsers: Parsers
     started = time.monotonic()
     touched = touched_test_paths(diff, instance.test_patch)
     result: dict = {"statuses": {}, "log": "", "exit": None, "timings": {}}
+    reason: ZeroReason | None
     try:
         parser = parsers.get(instance.install_config.log_parser)
         _run(store, instance, diff, parser, timeout_s, pull, network, result)
@@ -191,8 +196,23 @@ def grade_instance(store: Store, instance: Instance, diff: str, parsers: Parsers
         pass_to_pass_failed=judged.pass_to_pass_failed if judged else [],
         unexpected_passed=judged.unexpected_passed if judged else [], touched_test_paths=touched,
         log_tail=result["log"][-MAX_LOG_CHARS:], error=error, duration_s=time.monotonic() - started,
-        timings=result["timings"],
-        grader_revision=parsers.grader_revision, test_exit_code=result["exit"])
+        timings=result["timings"], grader_revision=parsers.grader_revision, test_exit_code=result["exit"],
+        differences=_differences(diff, reason))
+
+
+def _differences(diff: str, reason: ZeroReason | None) -> list[Difference]:
+    """Which of the intended differences from the official harness decided how this grade went: it
+    refuses an empty patch (an error, every PASS_TO_PASS test reported failed) where Sprout runs the
+    tests; under `set -e` it parses the empty log of a patch that did not apply where Sprout stops with
+    `patch_failed` (the same verdict); it has no timeout."""
+    found: list[Difference] = []
+    if not diff.strip() and reason not in ("patch_failed", "grade_failed"):
+        found.append("empty_patch_ran_tests")
+    if reason == "patch_failed":
+        found.append("patch_failed_ran_nothing")
+    if reason == "timeout":
+        found.append("tests_timed_out")
+    return found
 
 
 def _run(store: Store, instance: Instance, diff: str, parser: Parser, timeout_s: float,
@@ -212,7 +232,7 @@ def _run(store: Store, instance: Instance, diff: str, parser: Parser, timeout_s:
         setup = sandbox.exec(f"bash {WORK}/setup.sh >>{WORK}/stdout 2>>{WORK}/stderr", cwd=workdir,
                              env=GRADE_ENV, timeout=SETUP_TIMEOUT_S)
         if setup.timed_out or setup.exit_code != 0:
-            result["log"] = _log(sandbox)
+            result["log"] = _log(sandbox)[0]
             if setup.timed_out or setup.exit_code not in (3, 4):
                 raise SweGradeError(f"`git reset --hard HEAD` in {workdir} failed or timed out "
                                     f"(exit {setup.exit_code}): {result['log'].strip()[-1000:]}")
@@ -221,12 +241,14 @@ def _run(store: Store, instance: Instance, diff: str, parser: Parser, timeout_s:
         lap("apply")
         tests = sandbox.exec(f"bash {WORK}/tests.sh >>{WORK}/stdout 2>>{WORK}/stderr", cwd=workdir,
                              env=GRADE_ENV, timeout=timeout_s)
-        result["log"], result["exit"] = _log(sandbox), tests.exit_code
+        (result["log"], unreadable), result["exit"] = _log(sandbox), tests.exit_code
         lap("tests")
         result["statuses"] = dict(parser(result["log"]))
         lap("parse")
         if tests.timed_out:
             raise _Failed("timeout", f"the test commands timed out after {timeout_s:g}s")
+        if unreadable:
+            raise _Failed("log_not_utf8", unreadable)
     finally:
         sandbox.destroy()
         lap("destroy")
@@ -273,6 +295,7 @@ def _stage(sandbox: Sandbox, tmp: Path, instance: Instance, diff: str) -> None:
             files.upload_file(local, f"{WORK}/{name}", (0, 0))
 
 
-def _log(sandbox: Sandbox) -> str:
-    """The log as the official harness builds it: all of stdout, then all of stderr."""
-    return b"".join(_read_back(sandbox, f"{WORK}/{name}") for name in ("stdout", "stderr")).decode("utf-8", "replace")
+def _log(sandbox: Sandbox) -> tuple[str, str | None]:
+    """The log as the official harness reads it (all of stdout, then all of stderr; see official_log) and,
+    when it could not decode it, why."""
+    return official_log([(name, _read_back(sandbox, f"{WORK}/{name}")) for name in ("stdout", "stderr")])

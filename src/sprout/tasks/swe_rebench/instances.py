@@ -132,6 +132,30 @@ class InstanceSet(BaseModel):
         raise SweRebenchError(f"no instance {instance_id!r} in {self.path}{why}")
 
 
+def read_patches(path: Path) -> dict[str, str]:
+    """{instance_id: patch} from a patches file in the official format (scripts/eval.py's --patches: a JSON
+    list of {"instance_id": ..., "patch": ...}). An entry without a patch is an error naming its instance
+    (the official harness grades the reference patch there instead, silently)."""
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise SweRebenchError(f"patches file {path}: {e}") from None
+    if not isinstance(entries, list):
+        raise SweRebenchError(f"patches file {path}: the official format is a JSON list of "
+                              '{"instance_id": ..., "patch": ...}')
+    patches: dict[str, str] = {}
+    for number, entry in enumerate(entries, 1):
+        instance_id = entry.get("instance_id") if isinstance(entry, dict) else None
+        if not isinstance(instance_id, str) or not instance_id:
+            raise SweRebenchError(f"patches file {path}: entry {number} has no instance_id")
+        if not isinstance(entry.get("patch"), str):
+            raise SweRebenchError(f"patches file {path}: {instance_id} has no patch (a string; \"\" for an empty one)")
+        if instance_id in patches:
+            raise SweRebenchError(f"patches file {path}: {instance_id} has two patches")
+        patches[instance_id] = entry["patch"]
+    return patches
+
+
 def repo_dir(instance: Instance) -> str:
     """The repository's directory in the instance image: `/<repo name>` (`owner/name` -> `/name`)."""
     return "/" + PurePosixPath(instance.repo.strip("/")).name

@@ -164,6 +164,31 @@ def _one_argument(parser: Callable) -> Parser:
     return parser
 
 
+# ---------------------------------------------------------------- the log
+
+
+LOG_NOT_UTF8 = "log_not_utf8"  # the zero reason of a log the official harness cannot decode
+
+
+def official_log(parts: list[tuple[str, bytes]]) -> tuple[str, str | None]:
+    """The test log as the official harness reads it (`subprocess.run(..., text=True)`): each part (stdout,
+    then stderr: `(name, bytes)`) decoded as strict UTF-8, with universal newlines ("\\r\\n" and a lone
+    "\\r" become "\\n") before any parser sees it. Returns (log, None), or, when a part is not UTF-8,
+    (the log with replacement characters, why): the official harness then records an error, and the
+    instance is not resolved whatever the tests did."""
+    texts: list[str] = []
+    problem = None
+    for name, data in parts:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            text = data.decode("utf-8", "replace")
+            problem = problem or (f"the test output ({name}) is not UTF-8 (byte {e.start}: "
+                                  f"{data[e.start:e.start + 1]!r}): the official harness cannot decode it")
+        texts.append(text.replace("\r\n", "\n").replace("\r", "\n"))
+    return "".join(texts), problem
+
+
 # ---------------------------------------------------------------- verdicts
 
 
@@ -224,16 +249,21 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(args.spec.read_text())
     try:
         parser = load_parsers(args.parsers, args.parsers_sha256).get(spec["log_parser"])
-        log = "".join(part.read_bytes().decode("utf-8", "replace") for part in args.log if part.is_file())
+        log, problem = official_log([(part.name, part.read_bytes()) for part in args.log if part.is_file()])
         judged = verdict(dict(parser(log)), spec["FAIL_TO_PASS"], spec["PASS_TO_PASS"], spec["rule"])
     except Exception as e:  # noqa: BLE001 - no verdict, with its reason, and no reward
         print(f"swe-rebench verdict: no verdict: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
-    args.details.write_text(json.dumps(dataclasses.asdict(judged), indent=2))
-    args.reward.write_text(json.dumps({"reward": float(judged.resolved), "resolved_exact": float(judged.exact),
-                                       "resolved_lenient": float(judged.lenient)}))
-    print(f"swe-rebench verdict: resolved={judged.resolved} (rule {judged.rule}; exact={judged.exact}, "
-          f"lenient={judged.lenient})")
+    counts = problem is None  # an undecodable log resolves nothing, as in the official harness
+    details = dataclasses.asdict(judged)
+    if problem:
+        details.update(zero_reason=LOG_NOT_UTF8, error=problem)
+    args.details.write_text(json.dumps(details, indent=2))
+    args.reward.write_text(json.dumps({"reward": float(judged.resolved and counts),
+                                       "resolved_exact": float(judged.exact and counts),
+                                       "resolved_lenient": float(judged.lenient and counts)}))
+    print(f"swe-rebench verdict: resolved={judged.resolved and counts} (rule {judged.rule}; exact={judged.exact}, "
+          f"lenient={judged.lenient})" + (f"; not resolved: {problem}" if problem else ""))
     return 0
 
 
