@@ -2,6 +2,7 @@
 
 import json
 
+from sprout.eval.gate import FlakyTask, GateSummary
 from sprout.eval.results import find_summaries
 from sprout.testing.scripted_model import ScriptedModelServer
 from tests.conftest import RUNTIME_BIN
@@ -37,6 +38,19 @@ def test_benchmark_runs_every_task_and_method_then_resumes(dataset, outputs, tmp
     tree = run_module("ops.report", "task", out)
     assert tree.returncode == 0 and tree.stdout.count("a1 first attempt") == 2
     assert "pass@budget" in tree.stdout and "per task" in tree.stdout
+
+
+def test_a_benchmark_leaves_out_the_tasks_a_gate_found_flaky(dataset, tmp_path):
+    summary = GateSummary(tasks_dir=str(dataset.tasks_dir), workers=1, started_at="now", wall_s=1.0, passed=0,
+                          failed=0, errors=0, results=[], trials=4, flaky=1,
+                          flaky_tasks=[FlakyTask(task="py-bugfix", oracle_pass_rate=0.5, nop_zero_rate=1.0)])
+    (tmp_path / "gate.json").write_text(summary.model_dump_json())
+    result = run_module("sprout.eval.benchmark", "--tasks-dir", dataset.tasks_dir, "--output", tmp_path / "bench",
+                        "--methods", "single", "--dataset-digest", dataset.digest, "--preparation-manifest",
+                        dataset.manifest, "--model", "scripted", "--model-endpoint", "http://127.0.0.1:9/v1",
+                        "--model-key-env", KEY_ENV, "--allow-dirty", "--exclude-flaky", tmp_path / "gate.json")
+    assert result.returncode == 1 and "error: no runnable task to evaluate" in result.stderr, result.stderr
+    assert f"left out as flaky by {tmp_path / 'gate.json'} (4 trials): py-bugfix" in " ".join(result.stdout.split())
 
 
 def test_qwen_example_without_an_endpoint_says_so():

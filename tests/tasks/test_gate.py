@@ -2,16 +2,25 @@
 
 import json
 import os
+import random
 import shutil
+import socket
+import socketserver
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from sprout.eval.gate import GateConfig, run_gate
-from tests.conftest import REPO, RUNTIME_BIN
+from sprout.eval.gate import FlakyTask, GateConfig, GateSummary, flaky_exclusion, run_gate, summary_line
+from sprout.eval.prepare import prepare
+from sprout.eval.provenance import read_manifest
+from sprout.sandbox import SproutError
+from tests.conftest import REPO, RUNTIME_BIN, bridge_gateway
 from tests.tasks.conftest import FIXTURES, SLOW_FIXTURES
+from tests.tls_index import IP_FREEBIND
 
 EXPECTED = {  # task: (verdict, oracle reward, nop reward)
     "broken-oracle": ("fail", 0.0, 0.0),
@@ -108,3 +117,113 @@ def test_the_gate_runs_its_attempts_in_microvms(tmp_path):
     result = json.loads((out / "summary.json").read_text())["results"][0]
     assert (result["verdict"], reward(result["oracle"]), reward(result["nop"])) == ("pass", 1.0, 0.0)
     assert (out / "shell-count" / "oracle" / "verifier" / "reward.txt").read_text().strip() == "1"
+
+
+class CoinServer(ThreadingHTTPServer):
+    """The flaky-tasks/coin fixture's coin, on the sandboxes' bridge: each GET /oracle answers the next
+    reward of `oracle` (a fixed schedule), each GET /nop answers 0."""
+
+    def __init__(self, oracle: list[int]):
+        self.oracle, self.lock = list(oracle), threading.Lock()
+
+        class Answer(BaseHTTPRequestHandler):
+            def do_GET(handler):  # noqa: N805 - the handler's own self; the server is `self`
+                with self.lock:
+                    reward = self.oracle.pop(0) if handler.path == "/oracle" else 0
+                handler.send_response(200)
+                handler.end_headers()
+                handler.wfile.write(f"{reward}\n".encode())
+
+            def log_message(handler, *args):  # noqa: N805
+                pass
+
+        super().__init__((bridge_gateway(), 0), Answer)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    def server_bind(self) -> None:  # the gateway address even while podman's bridge is down (tests.tls_index)
+        self.socket.setsockopt(socket.SOL_IP, IP_FREEBIND, 1)
+        socketserver.TCPServer.server_bind(self)
+
+    @property
+    def address(self) -> str:
+        return f"{self.server_address[0]}:{self.server_address[1]}"
+
+
+def test_trials_find_the_flaky_task_and_give_its_rates(tmp_path):
+    """--trials 4 over a steady task and a coin whose oracle passes at random about half the time (a fixed
+    seed's schedule, so this test is not flaky): the coin is flaky with the schedule's pass rate, the
+    steady task passes in every trial, and the trials ran concurrently."""
+    draws = random.Random(1)
+    schedule = [int(draws.random() < 0.5) for _ in range(4)]
+    assert schedule == [1, 0, 0, 1]
+    tasks = tmp_path / "tasks"
+    shutil.copytree(FIXTURES / "py-bugfix", tasks / "py-bugfix")
+    shutil.copytree(REPO / "tests" / "fixtures" / "flaky-tasks" / "coin", tasks / "coin")
+    coin = CoinServer(schedule)
+    try:
+        test_sh = tasks / "coin" / "tests" / "test.sh"
+        test_sh.write_text(test_sh.read_text().replace("@COIN@", coin.address))
+        summary = run_gate(GateConfig(tasks_dir=tasks, output=tmp_path / "gate", workers=4, trials=4,
+                                      runtime_bin=RUNTIME_BIN))
+    finally:
+        coin.shutdown()
+        coin.server_close()
+    results = {r.task: r for r in summary.results}
+    flaky, steady = results["coin"], results["py-bugfix"]
+    assert flaky.verdict == "flaky" and flaky.trials == 4, flaky.reason
+    assert sorted(flaky.oracle_rewards) == [0.0, 0.0, 1.0, 1.0] and flaky.nop_rewards == [0.0] * 4
+    assert (flaky.oracle_pass_rate, flaky.nop_zero_rate) == (0.5, 1.0)
+    assert flaky.reason == "over 4 trials the oracle scored 1 in 50% and the nop 0 in 100%"
+    assert steady.verdict == "pass" and (steady.oracle_pass_rate, steady.nop_zero_rate) == (1.0, 1.0)
+    assert (summary.passed, summary.failed, summary.flaky, summary.errors, summary.trials) == (1, 0, 1, 0, 4)
+    assert summary.flaky_tasks == [FlakyTask(task="coin", oracle_pass_rate=0.5, nop_zero_rate=1.0)]
+    assert "1 flaky" in summary_line(summary) and "4 trials each" in summary_line(summary)
+    saved = json.loads((tmp_path / "gate" / "coin" / "result.json").read_text())
+    assert saved["verdict"] == "flaky" and saved["oracle_pass_rate"] == 0.5
+    trials = [json.loads((tmp_path / "gate" / task / f"trial-{k}" / "result.json").read_text())
+              for task in ("coin", "py-bugfix") for k in range(1, 5)]
+    assert [t["verdict"] for t in trials[:4]].count("pass") == 2 and all(t["verdict"] == "pass" for t in trials[4:])
+    assert sum(t["duration_s"] for t in trials) > 1.5 * summary.wall_s  # the trials ran at once
+
+
+def flaky_summary(path, *flaky: str, trials: int = 4) -> None:
+    path.write_text(GateSummary(tasks_dir="tasks", workers=1, started_at="now", wall_s=1.0, passed=0, failed=0,
+                                errors=0, results=[], trials=trials, flaky=len(flaky), flaky_tasks=[
+                                    FlakyTask(task=t, oracle_pass_rate=0.5, nop_zero_rate=1.0) for t in flaky]
+                                ).model_dump_json())
+
+
+@pytest.mark.python_only
+def test_a_gate_summary_names_the_flaky_tasks_to_leave_out(tmp_path):
+    flaky_summary(tmp_path / "gate.json", "coin")
+    exclusion = flaky_exclusion(tmp_path / "gate.json")
+    assert (exclusion.tasks, exclusion.trials) == (["coin"], 4) and len(exclusion.sha256) == 64
+    manifest = prepare(FIXTURES, tmp_path / "prep.json", exclude_flaky=flaky_exclusion(tmp_path / "gate.json"))
+    names = [t.name for t in manifest.tasks]
+    assert "py-bugfix" in names and "coin" not in names
+    flaky_summary(tmp_path / "gate.json", "py-bugfix")
+    manifest = prepare(FIXTURES, tmp_path / "prep.json", exclude_flaky=flaky_exclusion(tmp_path / "gate.json"))
+    assert "py-bugfix" not in [t.name for t in manifest.tasks]
+    assert read_manifest(tmp_path / "prep.json").excluded_flaky.tasks == ["py-bugfix"]
+    flaky_summary(tmp_path / "once.json", trials=1)
+    with pytest.raises(SproutError, match="ran each task once, which cannot tell a flaky task"):
+        flaky_exclusion(tmp_path / "once.json")
+    (tmp_path / "other.json").write_text("{}")
+    with pytest.raises(SproutError, match="is not a gate summary"):
+        flaky_exclusion(tmp_path / "other.json")
+
+
+def test_the_rl_prompt_file_leaves_out_the_flaky_tasks(tmp_path):
+    tasks = tmp_path / "tasks"
+    shutil.copytree(FIXTURES / "py-bugfix", tasks / "py-bugfix")
+    shutil.copytree(FIXTURES / "shell-count", tasks / "shell-count")
+    flaky_summary(tmp_path / "gate.json", "shell-count")
+    ran = subprocess.run([sys.executable, "-m", "sprout", "rl-driver", "prepare", "--tasks-dir", tasks, "-o",
+                          tmp_path / "miles.jsonl", "--exclude-flaky", tmp_path / "gate.json"], cwd=REPO,
+                         capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    prompts = [json.loads(line) for line in (tmp_path / "miles.jsonl").read_text().splitlines()]
+    assert [p["metadata"]["task_id"] for p in prompts] == ["py-bugfix"]
+    assert "left out as flaky by" in ran.stdout and "shell-count" in ran.stdout
+    manifest = read_manifest(tmp_path / "miles.prep.json")
+    assert manifest.excluded_flaky.tasks == ["shell-count"] and [t.name for t in manifest.tasks] == ["py-bugfix"]

@@ -25,15 +25,20 @@ BENCHMARK = (
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
+    from ..eval.gate import describe_exclusion, flaky_exclusion
     from ..eval.prepare import prepare
     from ..sandbox import Store
     from ..tasks.dataset import describe, load_task_ids
 
     task_ids = load_task_ids(args.task_ids_file, args.tasks_dir) if args.task_ids_file else None
+    exclusion = flaky_exclusion(args.exclude_flaky) if args.exclude_flaky else None
     store = None if args.no_images else Store(args.store)
-    manifest = prepare(args.tasks_dir, args.output, name=args.name, store=store, task_ids=task_ids, pull=args.pull)
+    manifest = prepare(args.tasks_dir, args.output, name=args.name, store=store, task_ids=task_ids, pull=args.pull,
+                       exclude_flaky=exclusion)
     if manifest.task_ids:
         console.print(f"tasks: {describe(manifest.task_ids)}")
+    if exclusion:
+        console.print(describe_exclusion(exclusion), markup=False)
     for task in manifest.tasks:
         if task.problem:
             errors.print(f"skipped: {task.problem}")
@@ -50,7 +55,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     config = flags.build(GateConfig, tasks_dir=args.tasks_dir, output=args.output, workers=args.workers,
                         tasks=flags.flatten(args.tasks), task_ids_file=args.task_ids_file,
                         no_build_cache=args.no_build_cache, pull=args.pull, store=args.store,
-                        runtime_bin=args.runtime_bin, backend=args.backend)
+                        runtime_bin=args.runtime_bin, backend=args.backend, trials=args.trials)
     if config.task_ids_file:
         console.print(f"gate: {describe(load_task_ids(config.task_ids_file, config.tasks_dir).record)}")
     columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
@@ -85,7 +90,7 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     _set_model_retries(args.model_retries)
     config = flags.build(BenchmarkConfig, tasks_dir=args.tasks_dir, output=args.output, methods=args.methods,
                              tasks=flags.flatten(args.tasks), task_ids_file=args.task_ids_file, workers=args.workers,
-                             evaluation=flags.build(EvaluationOptions, **evaluation_options(args)))
+                             exclude_flaky=args.exclude_flaky, evaluation=flags.build(EvaluationOptions, **evaluation_options(args)))
     return 1 if run_benchmark(config) else 0
 
 
@@ -148,7 +153,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     flags.add(s, "tasks_dir")
     flags.output(s, "the manifest to write (JSON)")
     s.add_argument("--name", help="the dataset's name, org/name (default: dataset.toml's, else local/<dir name>)")
-    flags.add(s, "task_ids_file")
+    flags.add(s, "task_ids_file", "exclude_flaky")
     s.add_argument("--no-images", action="store_true", help="only digests: do not pull or build the task images")
     flags.add(s, "pull", "store")
     s.set_defaults(func=cmd_prepare)
@@ -163,6 +168,9 @@ def add(sub: argparse._SubParsersAction) -> None:
         "tasks gated at once (here: at most the host's slots, $SPROUT_HOST_SLOTS, shared with evaluations; default 8)"))
     _task_choice(s)
     s.add_argument("--no-build-cache", action="store_true", help="rebuild task images without podman's cache")
+    s.add_argument("--trials", type=int, default=1, metavar="K", help=(
+        "run each task's gate K times, concurrently within --workers and the host's slots: a task whose trials "
+        "disagree is flaky, and the summary lists each flaky task's pass rates (default 1)"))
     flags.add(s, "pull", "store", "runtime_bin", "backend")
     s.set_defaults(func=cmd_gate)
 
@@ -182,6 +190,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--methods", nargs="+", choices=METHODS, default=["sprout", "restarts"],
                    help="the methods to compare (default: sprout restarts)")
     _task_choice(s)
+    flags.add(s, "exclude_flaky")
     s.add_argument("--workers", type=int, default=4, help=(
         "evaluations running at once (default 4); their attempts share the host's slots ($SPROUT_HOST_SLOTS)"))
     add_evaluation_flags(s.add_argument_group("evaluation flags (passed to every evaluation)"))

@@ -79,6 +79,9 @@ FLAGS: dict[str, Flag] = {
     "task_ids_file": Flag(("--task-ids-file",), {"type": Path, "metavar": "IDS", "help": (
         "only the tasks named in this file (one directory name a line, # comments), e.g. SWE-bench Pro's "
         "v2/hard51_ids.txt; recorded in the output")}),
+    "exclude_flaky": Flag(("--exclude-flaky",), {"type": Path, "metavar": "SUMMARY", "help": (
+        "leave out the tasks this gate summary (the summary.json of `sprout gate --trials K`) found flaky; "
+        "recorded")}),
     "dataset_digest": Flag(("--dataset-digest",), {"required": True, "metavar": "SHA256", "help": (
         "the Harbor dataset digest (sha256:...) of the tasks directory; must match what it is now")}),
     "preparation_manifest": Flag(("--preparation-manifest",), {"type": Path, "required": True, "metavar": "FILE",

@@ -51,12 +51,16 @@ def cmd_serve(args) -> int:
 
 
 def cmd_prepare(args) -> int:
+    from ..eval.gate import describe_exclusion, flaky_exclusion
     from ..eval.prepare import prepare
     from ..sandbox import Store
     from ..tasks import load_task
 
     manifest_path = args.manifest or args.output.with_suffix(".prep.json")
-    manifest = prepare(args.tasks_dir, manifest_path, store=Store(args.store), pull=args.pull)
+    exclusion = flaky_exclusion(args.exclude_flaky) if args.exclude_flaky else None
+    manifest = prepare(args.tasks_dir, manifest_path, store=Store(args.store), pull=args.pull, exclude_flaky=exclusion)
+    if exclusion:
+        console.print(describe_exclusion(exclusion), markup=False)
     lines = []
     for task in manifest.tasks:
         if task.problem or task.image is None:
@@ -93,5 +97,5 @@ def add(sub: argparse._SubParsersAction) -> None:
     flags.add(s, "tasks_dir")
     flags.output(s, "the prompt file to write (miles.jsonl)")
     s.add_argument("--manifest", type=Path, help="the preparation manifest (default OUTPUT with .prep.json)")
-    flags.add(s, "pull", "store")
+    flags.add(s, "exclude_flaky", "pull", "store")
     s.set_defaults(func=cmd_prepare)

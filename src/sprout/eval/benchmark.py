@@ -25,7 +25,8 @@ from ..errors import SproutError, UsageError
 from ..method.search import Method
 from ..tasks.dataset import TaskIdsFile, describe, load_task_ids
 from .evaluate import EvaluateConfig, EvaluationOptions, check_rounds, evaluate
-from .provenance import PreparationManifest, check_source, dataset_digest, read_manifest
+from .gate import describe_exclusion, flaky_exclusion
+from .provenance import FlakyExclusion, PreparationManifest, check_source, dataset_digest, read_manifest
 from .results import find_summaries, method_rows, pass_markdown, pass_table, task_markdown, task_table
 from .summary import SUMMARY, EvaluationSummary, read_summary
 
@@ -42,6 +43,8 @@ class BenchmarkConfig(BaseModel):
     methods: list[Method] = Field(["sprout", "restarts"], description="the methods to compare")
     tasks: list[str] | None = Field(None, description="only these tasks (directory names)")
     task_ids_file: Path | None = Field(None, description="only the tasks this file names")
+    exclude_flaky: Path | None = Field(None, description="leave out the tasks this gate summary found flaky "
+                                       "(else those the manifest left out); recorded in results.json")
     workers: int = Field(4, description="evaluations at once (their attempts share the host's slots)")
     evaluation: EvaluationOptions = Field(description="how every evaluation runs")
 
@@ -54,21 +57,22 @@ def run_benchmark(config: BenchmarkConfig) -> list[str]:
         raise UsageError(f"--workers must be at least 1, got {config.workers}")
     if config.tasks and config.task_ids_file:
         raise UsageError("pass --tasks or --task-ids-file, not both")
-    manifest, jobs, ids_record = _plan(config)
+    manifest, jobs, ids_record, exclusion = _plan(config)
     console.print(f"[bold]benchmark[/bold] {manifest.dataset.name} ({len(jobs)} evaluations: "
                   f"{len(jobs) // len(config.methods)} tasks x {' '.join(config.methods)}) · {config.workers} workers · "
                   f"output {config.output}", markup=True)
     failed = _run_all(config, jobs)
     summaries = [s for s in find_summaries(config.output) if (s.config.task, s.config.method) in set(jobs)]
     if summaries:
-        _write_results(config, manifest, ids_record, summaries)
+        _write_results(config, manifest, ids_record, exclusion, summaries)
     if failed:
         errors.print(f"{len(failed)} evaluation(s) failed: {', '.join(failed)} (run again to resume them)")
     return failed
 
 
-def _plan(config: BenchmarkConfig) -> tuple[PreparationManifest, list[tuple[str, Method]], TaskIdsFile | None]:
-    """The manifest, the (task, method) evaluations to run and the task-ids record, checked."""
+def _plan(config: BenchmarkConfig) -> tuple[PreparationManifest, list[tuple[str, Method]], TaskIdsFile | None,
+                                            FlakyExclusion | None]:
+    """The manifest, the (task, method) evaluations to run, the task-ids record and the flaky tasks left out."""
     only, ids_record = config.tasks, None
     if config.task_ids_file is not None:
         task_ids = load_task_ids(config.task_ids_file, config.tasks_dir)
@@ -89,13 +93,17 @@ def _plan(config: BenchmarkConfig) -> tuple[PreparationManifest, list[tuple[str,
         ids_record = manifest.task_ids  # the subset the manifest was prepared for
     if ids_record:
         console.print(f"tasks: {describe(ids_record)}", markup=False)
+    exclusion = flaky_exclusion(config.exclude_flaky) if config.exclude_flaky else manifest.excluded_flaky
+    if exclusion:
+        tasks = [t for t in tasks if t.name not in exclusion.tasks]
+        console.print(describe_exclusion(exclusion), markup=False)
     for task in tasks:
         if task.problem:
             errors.print(f"skipped: {task.problem}")
     jobs = [(t.name, m) for t in tasks if not t.problem for m in config.methods]
     if not jobs:
         raise SproutError("no runnable task to evaluate")
-    return manifest, jobs, ids_record
+    return manifest, jobs, ids_record, exclusion
 
 
 def _run_all(config: BenchmarkConfig, jobs: list[tuple[str, Method]]) -> list[str]:
@@ -148,7 +156,7 @@ def evaluate_logged(config: EvaluateConfig, log: Path) -> tuple[EvaluationSummar
 
 
 def _write_results(config: BenchmarkConfig, manifest: PreparationManifest, ids_record: TaskIdsFile | None,
-                   summaries: list[EvaluationSummary]) -> None:
+                   exclusion: FlakyExclusion | None, summaries: list[EvaluationSummary]) -> None:
     console.print(task_table(summaries))
     rows = method_rows(summaries)
     console.print(pass_table(rows))
@@ -157,6 +165,7 @@ def _write_results(config: BenchmarkConfig, manifest: PreparationManifest, ids_r
     (config.output / "results.md").write_text(title + subset + task_markdown(summaries) + "\n" + pass_markdown(rows))
     (config.output / "results.json").write_text(json.dumps(
         {"dataset": manifest.dataset.model_dump(), "task_ids": ids_record.model_dump() if ids_record else None,
+         "excluded_flaky": exclusion.model_dump() if exclusion else None,
          "methods": [r.__dict__ for r in rows],
          "evaluations": [{"task": s.config.task, "method": s.config.method, "status": s.status,
                           "solved_by": s.solved_by, "best_reward": s.best_reward, **s.totals.model_dump()}

@@ -17,6 +17,7 @@ from ..tasks import TaskError, ensure_image, load_task
 from ..tasks.dataset import TaskIds, task_dirs
 from ..tasks.pull import PullPolicy
 from .provenance import (
+    FlakyExclusion,
     PreparationManifest,
     PreparedDataset,
     PreparedImage,
@@ -29,14 +30,18 @@ from .provenance import (
 
 
 def prepare(tasks_dir: Path, output: Path, *, name: str | None = None, store: Store | None = None,
-            task_ids: TaskIds | None = None, pull: PullPolicy | None = None) -> PreparationManifest:
+            task_ids: TaskIds | None = None, pull: PullPolicy | None = None,
+            exclude_flaky: FlakyExclusion | None = None) -> PreparationManifest:
     """Writes the preparation manifest of `tasks_dir` to `output` and returns it; without a store no
-    images are built (and none are recorded). With `task_ids` (`load_task_ids`), only the tasks it names."""
+    images are built (and none are recorded). With `task_ids` (`load_task_ids`), only the tasks it names;
+    with `exclude_flaky` (eval.gate.flaky_exclusion), not the tasks a gate found flaky (recorded)."""
     tasks_dir = Path(tasks_dir).resolve()
     harbor_manifest = dataset_manifest(tasks_dir, name)
     source = source_state()
     prepared: list[PreparedTask] = []
     dirs = [d for d in task_dirs(tasks_dir) if task_ids is None or d.name in task_ids.ids]
+    if exclude_flaky is not None:
+        dirs = [d for d in dirs if d.name not in exclude_flaky.tasks]
     with Progress(console=console, transient=True) as progress:
         bar = progress.add_task("preparing tasks", total=len(dirs))
         for task_dir in dirs:
@@ -46,7 +51,7 @@ def prepare(tasks_dir: Path, output: Path, *, name: str | None = None, store: St
     manifest = PreparationManifest(
         dataset=PreparedDataset(name=harbor_manifest.dataset.name, source=str(tasks_dir),
                                 digest=f"sha256:{harbor_manifest.compute_content_hash()}"),
-        tasks=prepared, task_ids=task_ids.record if task_ids else None,
+        tasks=prepared, task_ids=task_ids.record if task_ids else None, excluded_flaky=exclude_flaky,
         prep_tool=PrepTool(git_commit=source.commit, dirty=source.dirty))
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(manifest.model_dump_json(indent=2))

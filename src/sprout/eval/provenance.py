@@ -104,12 +104,22 @@ class PrepTool(BaseModel):
     dirty: bool = False
 
 
+class FlakyExclusion(BaseModel):
+    """The tasks left out because a gate with trials found them flaky (`--exclude-flaky SUMMARY`)."""
+
+    gate_summary: str  # the gate's summary.json
+    sha256: str  # of that file, as read
+    trials: int
+    tasks: list[str]
+
+
 class PreparationManifest(BaseModel):
     kind: str = MANIFEST_KIND
     schema_version: int = 1
     dataset: PreparedDataset
     tasks: list[PreparedTask]
     task_ids: TaskIdsFile | None = None  # the --task-ids-file that chose `tasks` (None: every task)
+    excluded_flaky: FlakyExclusion | None = None  # tasks not prepared: a gate found them flaky
     prep_tool: PrepTool
     created: datetime = Field(default_factory=now)
 

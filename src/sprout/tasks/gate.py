@@ -10,6 +10,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 from harbor.agents.oracle import OracleAgent
 from harbor.models.agent.context import AgentContext
@@ -18,7 +19,7 @@ from harbor.models.trial.paths import TrialPaths
 from pydantic import BaseModel
 
 from ..sandbox import Image, SproutError, Store, trust
-from .grade import GradeResult, Verdict, grade_async
+from .grade import GradeResult, grade_async
 from .harbor_env import CommandTimeoutError, SproutEnvironment
 from .images import ImageSource, ensure_image
 from .loading import task_name
@@ -26,6 +27,9 @@ from .network import describe, network_plan
 from .pull import PullPolicy
 
 DEFAULT_AGENT_TIMEOUT_S = 900.0  # for tasks without [agent].timeout_sec (Harbor's default: no limit)
+# pass: the oracle scored 1 and the nop 0 (in every trial); fail: not, alike in every trial; flaky: the
+# trials disagree (`sprout gate --trials K`); error: an attempt could not be made or graded.
+GateVerdict = Literal["pass", "fail", "flaky", "error"]
 
 
 class Attempt(BaseModel):
@@ -40,7 +44,7 @@ class Attempt(BaseModel):
 
 class TaskGate(BaseModel):
     task: str
-    verdict: Verdict
+    verdict: GateVerdict
     reason: str | None = None
     oracle: Attempt | None = None
     nop: Attempt | None = None
@@ -51,6 +55,13 @@ class TaskGate(BaseModel):
     host_trust: bool | None = None  # whether sandboxes and builds got the host's CA bundle and proxy settings
     duration_s: float = 0.0
     log_dir: str
+    # With --trials K (oracle and nop are then the first trial's): each trial's rewards, and the share of
+    # trials in which the oracle scored 1 and the nop 0. Each trial's own result is <log_dir>/trial-<k>/.
+    trials: int = 1
+    oracle_rewards: list[float | None] | None = None
+    nop_rewards: list[float | None] | None = None
+    oracle_pass_rate: float | None = None
+    nop_zero_rate: float | None = None
 
 
 def _task_logger(name: str, path: Path) -> tuple[logging.Logger, logging.Handler]:
@@ -113,7 +124,7 @@ async def _attempt(store: Store, task: Task, image: Image, kind: str, log_dir: P
                    duration_s=time.monotonic() - started)
 
 
-def _verdict(oracle: Attempt, nop: Attempt) -> tuple[Verdict, str | None]:
+def _verdict(oracle: Attempt, nop: Attempt) -> tuple[GateVerdict, str | None]:
     for kind, attempt in (("oracle", oracle), ("nop", nop)):
         if attempt.error or attempt.grade is None:
             return "error", attempt.error or f"{kind}: not graded"
@@ -170,3 +181,29 @@ async def _gate(store: Store, task: Task, log_dir: Path, logger: logging.Logger,
     return TaskGate(task=name, verdict=verdict, reason=reason, oracle=oracle, nop=nop, image=image.reference,
                     image_source=image.source, image_warning=image.warning, image_s=round(image.seconds, 3),
                     host_trust=trust.host_trust().enabled, log_dir=str(log_dir))
+
+
+def _reward(attempt: Attempt | None) -> float | None:
+    return attempt.grade.reward if attempt is not None and attempt.grade is not None else None
+
+
+def combine_trials(trials: list[TaskGate], log_dir: Path) -> TaskGate:
+    """One task's verdict over K trials of its gate (each a whole gate: oracle and nop): an error in any
+    trial is the task's error; else `pass` or `fail` when every trial says so, `flaky` when they differ
+    (the oracle scored 1 in some trials and not in others, or the nop 0 in some and not in others)."""
+    first = trials[0]
+    oracle = [_reward(t.oracle) for t in trials]
+    nop = [_reward(t.nop) for t in trials]
+    combined = first.model_copy(update={
+        "trials": len(trials), "oracle_rewards": oracle, "nop_rewards": nop, "log_dir": str(log_dir),
+        "duration_s": max(t.duration_s for t in trials)})
+    if failed := next((t for t in trials if t.verdict == "error"), None):
+        return combined.model_copy(update={"verdict": "error", "reason": failed.reason})
+    oracle_rate = sum(r == 1 for r in oracle) / len(trials)
+    nop_rate = sum(r == 0 for r in nop) / len(trials)
+    combined = combined.model_copy(update={"oracle_pass_rate": oracle_rate, "nop_zero_rate": nop_rate})
+    if 0 < oracle_rate < 1 or 0 < nop_rate < 1:
+        reason = (f"over {len(trials)} trials the oracle scored 1 in {oracle_rate:.0%} and the nop 0 in "
+                  f"{nop_rate:.0%}")
+        return combined.model_copy(update={"verdict": "flaky", "reason": reason})
+    return combined
