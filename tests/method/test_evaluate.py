@@ -12,7 +12,8 @@ from sprout.eval.summary import read_summary
 from sprout.method.budget import equal_budget
 from sprout.method.review import FALLBACK_NOTE
 from sprout.testing.scripted_model import ScriptedModelServer
-from tests.method.conftest import SUBMIT, evaluate_args, prepared_dataset, run_module
+from tests.coin import CoinServer, coin_task
+from tests.method.conftest import SUBMIT, Dataset, evaluate_args, prepared_dataset, run_module
 
 FIRST = [  # the first attempt: reads, tries, then "fixes" add() with * at turn 3 and submits
     {"thought": "Look at the code.", "command": "cat /app/calc.py"},
@@ -242,3 +243,28 @@ def test_rounds_and_branches_must_agree(dataset, tmp_path):
                         "--model", "m", "--rounds", "2", "--branches", "4")
     assert result.returncode == 2 and "--rounds 2 needs 2 --branches values" in result.stderr  # usage
     assert "Traceback" not in result.stderr
+
+
+def test_regrade_gives_each_attempt_its_pass_rate(tmp_path, outputs):
+    """--regrade 3 over a coin task (its verifier passes as a server says, from a fixed schedule): the attempt
+    that solved it by luck is re-graded 3 times from its final checkpoint and passes 2 of its 4 grades."""
+    with CoinServer([1, 0, 0, 1]) as coin:
+        coin_task(tmp_path / "tasks" / "coin", coin)
+        manifest = tmp_path / "prep.json"
+        prepared = run_module("sprout.eval.prepare", "--tasks-dir", tmp_path / "tasks", "-o", manifest)
+        assert prepared.returncode == 0, prepared.stdout + prepared.stderr
+        ds = Dataset(tmp_path / "tasks", tmp_path / "tasks" / "coin", manifest,
+                     json.loads(manifest.read_text())["dataset"]["digest"])
+        out = tmp_path / "out"
+        outputs.append(out)
+        steps = [{"thought": "Do it.", "command": "touch /app/solved"}, {"thought": "Done.", "command": SUBMIT}]
+        with ScriptedModelServer(steps, api_key="sk-do-not-record") as agent:
+            result = run_module("sprout.eval.evaluate", *evaluate_args(ds, out, agent.base_url, "--regrade", "3",
+                                                                        method="single"))
+        assert coin.oracle == []  # the live grade and the three re-grades took the whole schedule
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    [attempt] = summary["attempts"]
+    assert summary["status"] == "solved" and summary["regrade"] == 3 and attempt["reward"] == 1.0
+    assert sorted(attempt["regrades"]) == [0.0, 0.0, 1.0] and attempt["pass_rate"] == 0.5
+    assert "a1: passed 2 of 4 grades (50%)" in result.stdout

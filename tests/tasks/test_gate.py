@@ -4,13 +4,9 @@ import json
 import os
 import random
 import shutil
-import socket
-import socketserver
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -18,9 +14,9 @@ from sprout.eval.gate import FlakyTask, GateConfig, GateSummary, flaky_exclusion
 from sprout.eval.prepare import prepare
 from sprout.eval.provenance import read_manifest
 from sprout.sandbox import SproutError
-from tests.conftest import REPO, RUNTIME_BIN, bridge_gateway
+from tests.coin import CoinServer, coin_task
+from tests.conftest import REPO, RUNTIME_BIN
 from tests.tasks.conftest import FIXTURES, SLOW_FIXTURES
-from tests.tls_index import IP_FREEBIND
 
 EXPECTED = {  # task: (verdict, oracle reward, nop reward)
     "broken-oracle": ("fail", 0.0, 0.0),
@@ -119,36 +115,6 @@ def test_the_gate_runs_its_attempts_in_microvms(tmp_path):
     assert (out / "shell-count" / "oracle" / "verifier" / "reward.txt").read_text().strip() == "1"
 
 
-class CoinServer(ThreadingHTTPServer):
-    """The flaky-tasks/coin fixture's coin, on the sandboxes' bridge: each GET /oracle answers the next
-    reward of `oracle` (a fixed schedule), each GET /nop answers 0."""
-
-    def __init__(self, oracle: list[int]):
-        self.oracle, self.lock = list(oracle), threading.Lock()
-
-        class Answer(BaseHTTPRequestHandler):
-            def do_GET(handler):  # noqa: N805 - the handler's own self; the server is `self`
-                with self.lock:
-                    reward = self.oracle.pop(0) if handler.path == "/oracle" else 0
-                handler.send_response(200)
-                handler.end_headers()
-                handler.wfile.write(f"{reward}\n".encode())
-
-            def log_message(handler, *args):  # noqa: N805
-                pass
-
-        super().__init__((bridge_gateway(), 0), Answer)
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-
-    def server_bind(self) -> None:  # the gateway address even while podman's bridge is down (tests.tls_index)
-        self.socket.setsockopt(socket.SOL_IP, IP_FREEBIND, 1)
-        socketserver.TCPServer.server_bind(self)
-
-    @property
-    def address(self) -> str:
-        return f"{self.server_address[0]}:{self.server_address[1]}"
-
-
 def test_trials_find_the_flaky_task_and_give_its_rates(tmp_path):
     """--trials 4 over a steady task and a coin whose oracle passes at random about half the time (a fixed
     seed's schedule, so this test is not flaky): the coin is flaky with the schedule's pass rate, the
@@ -158,16 +124,10 @@ def test_trials_find_the_flaky_task_and_give_its_rates(tmp_path):
     assert schedule == [1, 0, 0, 1]
     tasks = tmp_path / "tasks"
     shutil.copytree(FIXTURES / "py-bugfix", tasks / "py-bugfix")
-    shutil.copytree(REPO / "tests" / "fixtures" / "flaky-tasks" / "coin", tasks / "coin")
-    coin = CoinServer(schedule)
-    try:
-        test_sh = tasks / "coin" / "tests" / "test.sh"
-        test_sh.write_text(test_sh.read_text().replace("@COIN@", coin.address))
+    with CoinServer(schedule) as coin:
+        coin_task(tasks / "coin", coin)
         summary = run_gate(GateConfig(tasks_dir=tasks, output=tmp_path / "gate", workers=4, trials=4,
                                       runtime_bin=RUNTIME_BIN))
-    finally:
-        coin.shutdown()
-        coin.server_close()
     results = {r.task: r for r in summary.results}
     flaky, steady = results["coin"], results["py-bugfix"]
     assert flaky.verdict == "flaky" and flaky.trials == 4, flaky.reason

@@ -129,6 +129,9 @@ def add_evaluation_flags(group: argparse.ArgumentParser | argparse._ArgumentGrou
     flags.add(group, "store", "runtime_bin", "backend", "pull")
     group.add_argument("--keep-checkpoints", action="store_true",
                        help="keep the attempts' checkpoints after a finished evaluation (to branch from them later)")
+    group.add_argument("--regrade", type=int, default=0, metavar="N", help=(
+        "grade each graded attempt N more times from its final checkpoint, in branches, and record its pass rate "
+        "(a 'solved' that is the verifier's luck shows below 100%%; not over a Run Store; default 0)"))
     group.add_argument("--allow-dirty", action="store_true",
                        help="run from a checkout with uncommitted changes (development; recorded in the summary)")
     group.add_argument("--overwrite", action="store_true", help=(

@@ -50,6 +50,7 @@ from ..tasks import TaskImage, ensure_image, load_task
 from ..tasks.pull import PullPolicy
 from .executor import AgentConfig, TaskExecutor
 from .provenance import Pinning, SourceState, check_pinning, check_source
+from .regrade import regrade_attempts
 from .summary import SUMMARY, EvaluationConfig, EvaluationSummary, ImageInfo, read_summary, write_summary
 
 
@@ -85,6 +86,8 @@ class EvaluationOptions(BaseModel):
     backend: BackendName = Field(sandbox_backends.DEFAULT, description="the sandboxes' backend")
     pull: PullPolicy | None = Field(None, description="when task images are pulled (default $SPROUT_PULL_POLICY)")
     keep_checkpoints: bool = Field(False, description="keep the attempts' checkpoints after a finished evaluation")
+    regrade: int = Field(0, ge=0, description="grade each graded attempt this many more times from its final "
+                         "checkpoint, in branches, and record its pass rate (here, not over a Run Store)")
     allow_dirty: bool = Field(False, description="run from a checkout with uncommitted changes (recorded)")
     overwrite: bool = Field(False, description="replace what the output holds instead of resuming or refusing")
     affinity_timeout: float = Field(60.0, gt=0, description="over a Run Store: seconds a branch waits for its host")
@@ -182,6 +185,8 @@ def evaluate(config: EvaluateConfig, *, out: Console = console) -> EvaluationSum
     jobs = _jobs(run, image, summary, out)
     executor = _executor(run, image, jobs, summary, previous, out)
     result = _run_method(run, executor, summary)
+    if config.regrade:
+        _regrade(run, summary, out)
     if not config.keep_checkpoints:
         release(run.store, [config.output / a.journal for a in summary.attempts if not a.cancelled])
     colour = "green" if result.solved_by else "yellow"
@@ -194,6 +199,19 @@ def evaluate(config: EvaluateConfig, *, out: Console = console) -> EvaluationSum
     return summary
 
 
+def _regrade(run: _Run, summary: EvaluationSummary, out: Console) -> None:
+    """--regrade N: every graded attempt's pass rate over N more grades, in the summary."""
+    out.print(f"  re-grading each attempt {run.config.regrade} times from its final checkpoint", markup=False)
+    regrade_attempts(run.store, run.task, summary.attempts, run.config.regrade, pull=run.config.pull)
+    summary.regrade = run.config.regrade
+    write_summary(run.config.output, summary)
+    for attempt in summary.attempts:
+        if attempt.pass_rate is not None:
+            passed = round(attempt.pass_rate * (len(attempt.regrades) + 1))
+            out.print(f"  {attempt.id}: passed {passed} of {len(attempt.regrades) + 1} grades "
+                      f"({attempt.pass_rate:.0%})", markup=False)
+
+
 def _settle(config: EvaluateConfig) -> _Run:
     """The checks, the pinning, the endpoints and the recorded configuration of a run."""
     check_rounds(config.rounds, config.branches)
@@ -202,6 +220,9 @@ def _settle(config: EvaluateConfig) -> _Run:
     pinning = check_pinning(config.task_dir, config.dataset_digest, config.preparation_manifest)
     task = load_task(config.task_dir)
     client = configured_client()  # a Run Store: its workers make the model calls, with their keys
+    if client is not None and config.regrade:
+        raise UsageError("--regrade runs without a Run Store for now: the attempts' final checkpoints are on the "
+                         "workers' hosts")
     endpoint, review_endpoint = endpoints(config, remote=client is not None, review=config.method == "sprout")
     wall_time = config.wall_time_limit or int(task.config.agent.timeout_sec or defaults.WALL_TIME_S)
     budget = equal_budget(config.method, config.budget_by, config.step_limit, config.token_limit, config.branches)

@@ -99,6 +99,7 @@ class EvaluationSummary(BaseModel):
     totals: Totals = Totals()
     attempts: list[AttemptRecord] = []
     reviews: list[ReviewRecord] = []
+    regrade: int = 0  # each graded attempt re-graded this many times from its final checkpoint (pass_rate)
 
     def refresh(self) -> None:
         """Recomputes the totals, the best reward and who solved it from the attempts."""

@@ -113,6 +113,8 @@ class AttemptRecord(AttemptPlan):
     grade_mode: Literal["live", "branch"] | None = None  # live: in the attempt's own sandbox at its end
     verifier_output: str | None = None  # relative path of test-stdout.txt
     host: str | None = None  # where its checkpoints are (the worker's host over a Run Store)
+    regrades: list[float | None] = []  # --regrade N: the rewards of N more grades of its final checkpoint
+    pass_rate: float | None = None  # with regrades: the share of its N + 1 grades that scored 1
     started: datetime
     finished: datetime = Field(default_factory=now)
 
