@@ -230,9 +230,10 @@ else
 fi
 
 # ---------------------------------------------------------------- base images
+# Each name is pulled first; only a name no registry gives gets an offline Debian stand-in (said per line).
 SPROUT_STORE="$STORE" "$VENV/bin/sprout" sandbox images bootstrap | sed 's/^/      /' \
   || die "base images failed (sprout sandbox images bootstrap)"
-say ok "base images: python:3.11-slim, python:3.12-slim, debian:bookworm, ... in podman and the store"
+say ok "base images: python:3.11-slim, python:3.12-slim, debian:bookworm, ... in podman and the store (pulled, or stand-ins as listed)"
 
 # ---------------------------------------------------------------- the microVM guest kernel (--microvm)
 # Debian's kernel package is downloaded and only its kernel and the modules the guest loads are taken out,

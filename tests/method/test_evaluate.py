@@ -11,8 +11,10 @@ from sprout.eval import provenance
 from sprout.eval.summary import read_summary
 from sprout.method.budget import equal_budget
 from sprout.method.review import FALLBACK_NOTE
+from sprout.sandbox.images import stand_in
 from sprout.testing.scripted_model import ScriptedModelServer
 from tests.coin import CoinServer, coin_task
+from tests.conftest import PYTHON_IMAGE
 from tests.method.conftest import SUBMIT, Dataset, evaluate_args, prepared_dataset, run_module
 
 FIRST = [  # the first attempt: reads, tries, then "fixes" add() with * at turn 3 and submits
@@ -76,6 +78,7 @@ def test_first_fails_review_picks_turn_2_branch_resumes_with_note_and_passes(dat
     assert summary.pinning.task_digest == provenance.task_digest(dataset.task_dir)
     assert summary.pinning.manifest_sha256 == provenance.sha256_of(dataset.manifest)
     assert summary.endpoint_host.startswith("127.0.0.1:")
+    assert summary.image.stand_in == stand_in(PYTHON_IMAGE)  # py-bugfix is FROM python:3.11-slim
     assert "sk-do-not-record" not in (out / "summary.json").read_text()
     assert {p.name for p in (out / "attempts").iterdir()} == {"a1.jsonl", "r1b1.jsonl"}
     assert (out / "reviews" / "r1.json").exists() and (out / branch.verifier_output).exists()

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+from sprout.sandbox.images import stand_in
 from tests.conftest import DEBIAN_IMAGE, REPO, RUNTIME_BIN
 
 
@@ -52,6 +53,10 @@ def test_doctor_passes_on_this_host():
     assert names[:3] == ["python", "kernel btrfs", "store"] and "smoke test" in names
     smoke = next(c for c in report["checks"] if c["name"] == "smoke test")
     assert "checkpoint" in smoke["detail"] and "branch" in smoke["detail"]
+    bases = next(c for c in report["checks"] if c["name"] == "base images")["detail"]
+    assert ("offline stand-ins" in bases) == stand_in(DEBIAN_IMAGE)  # this host's are, where no registry answers
+    if stand_in(DEBIAN_IMAGE):
+        assert "debian:bookworm" in bases.split("stand-ins", 1)[1]
 
 
 def test_doctor_fails_clearly_when_the_store_is_missing(tmp_path):

@@ -4,7 +4,10 @@ HTTP, with nothing but the session's $CONTAINERS_REGISTRIES_CONF telling podman 
 import os
 import subprocess
 import urllib.request
+import uuid
+from dataclasses import replace
 
+from sprout.sandbox.images import RECIPE_LABEL, RECIPES, bootstrap, stand_in
 from sprout.sandbox.podman import command as podman_command
 from tests.conftest import DEBIAN_IMAGE
 
@@ -51,3 +54,47 @@ def test_without_the_registries_conf_podman_refuses_plain_http(local_registry):
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode != 0
     assert "server gave HTTP response to HTTPS client" in proc.stderr, proc.stderr
+
+
+def _mirror_of_docker_io(path, mirror: str, registry_host: str) -> str:
+    """A registries.conf (for this test only) that sends docker.io's pulls to `mirror` first."""
+    path.write_text(f'[[registry]]\nprefix = "docker.io"\nlocation = "docker.io"\n[[registry.mirror]]\n'
+                    f'location = "{mirror}"\ninsecure = true\n\n'
+                    f'[[registry]]\nlocation = "{registry_host}"\ninsecure = true\n')
+    return str(path)
+
+
+def test_base_images_are_pulled_where_a_registry_has_them_and_stand_ins_only_elsewhere(local_registry, tmp_path,
+                                                                                        base_store, monkeypatch):
+    """The set-up's base images with docker.io mirrored by the local registry: a name it has is pulled, one it
+    lacks gets the offline stand-in (labelled as one); once the registry has it too, a second run replaces
+    the stand-in; offline again, podman's real images are kept, never covered by a stand-in."""
+    run = uuid.uuid4().hex[:8]
+    reachable, later = f"docker.io/library/sprout-test-base:{run}-a", f"docker.io/library/sprout-test-base:{run}-b"
+    real = f"localhost/sprout-test/real-base:{run}"
+    (tmp_path / "Containerfile").write_text(f'FROM {DEBIAN_IMAGE}\nLABEL {RECIPE_LABEL}=""\nRUN echo real > /real\n')
+    assert podman("build", "-q", "--pull=never", "-t", real, str(tmp_path)).returncode == 0
+    pushed = [local_registry.push(real, f"library/sprout-test-base:{run}-a")]
+    recipe = replace(RECIPES[1], tags=(reachable, later))  # the debian recipe's stand-in, under test names
+    cache, lines = base_store.root / "cache" / "bootstrap", []
+    monkeypatch.setenv("CONTAINERS_REGISTRIES_CONF",
+                       _mirror_of_docker_io(tmp_path / "mirror.conf", local_registry.host, local_registry.host))
+    try:
+        done = bootstrap(recipe, cache, log=lines.append)
+        assert done.pulled == [reachable] and list(done.stand_ins) == [later] and not done.kept
+        assert image_id(reachable) == image_id(real) and not stand_in(reachable)
+        assert stand_in(later) and image_id(later) == image_id(f"localhost/{recipe.name}:{recipe.digest}")
+        assert f"  pulled    {reachable}" in lines and any(line.startswith(f"  stand-in  {later} ") for line in lines)
+
+        pushed.append(local_registry.push(real, f"library/sprout-test-base:{run}-b"))
+        done = bootstrap(recipe, cache, log=lines.append)  # the set-up run again, the registry now has both
+        assert done.pulled == [reachable, later] and not done.stand_ins
+        assert image_id(later) == image_id(real) and not stand_in(later)
+
+        monkeypatch.setenv("CONTAINERS_REGISTRIES_CONF",  # offline: the mirror is a closed port
+                           _mirror_of_docker_io(tmp_path / "closed.conf", "127.0.0.1:1", local_registry.host))
+        done = bootstrap(recipe, cache, log=lines.append)
+        assert done.kept == [reachable, later] and not done.pulled and not done.stand_ins
+        assert image_id(later) == image_id(real)
+    finally:
+        podman("rmi", "--force", reachable, later, real, *pushed)

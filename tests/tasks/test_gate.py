@@ -14,8 +14,9 @@ from sprout.eval.gate import FlakyTask, GateConfig, GateSummary, flaky_exclusion
 from sprout.eval.prepare import prepare
 from sprout.eval.provenance import read_manifest
 from sprout.sandbox import SproutError
+from sprout.sandbox.images import stand_in
 from tests.coin import CoinServer, coin_task
-from tests.conftest import REPO, RUNTIME_BIN
+from tests.conftest import DEBIAN_IMAGE, PYTHON_IMAGE, REPO, RUNTIME_BIN
 from tests.tasks.conftest import FIXTURES, SLOW_FIXTURES
 
 EXPECTED = {  # task: (verdict, oracle reward, nop reward)
@@ -59,6 +60,9 @@ def test_gate_over_the_fixtures(tmp_path):
     assert "2 passed" in (logs / "oracle" / "verifier" / "test-stdout.txt").read_text()
     assert (logs / "nop" / "verifier" / "reward.txt").read_text().strip() == "0"
     assert json.loads((logs / "result.json").read_text())["verdict"] == "pass"
+    on_python = ["broken-oracle", "nop-passes", "py-bugfix", "reward-json"]  # FROM python:3.11-slim
+    on_debian = ["shell-count"]  # docker_image debian:bookworm
+    assert summary["stand_in_tasks"] == sorted(on_python * stand_in(PYTHON_IMAGE) + on_debian * stand_in(DEBIAN_IMAGE))
     assert (out / "reward-json" / "oracle" / "verifier" / "reward.json").exists()
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from sprout.errors import SproutError
-from sprout.sandbox import Store
+from sprout.sandbox import Store, podman
 from sprout.sandbox.podman import command as podman_command
-from sprout.tasks import TaskImageError, ensure_image, image_reference, load_task, pull
+from sprout.tasks import TaskImageError, ensure_image, image_reference, load_task
 from sprout.tasks.images import base_images
 from sprout.tasks.pull import image_id, pull_policy
 from tests.conftest import DEBIAN_IMAGE, PYTHON_IMAGE
@@ -184,7 +184,7 @@ def test_concurrent_workers_pull_an_image_once(copy_task, base_store, local_regi
     ref = local_registry.push(DEBIAN_IMAGE, f"sprout-test/shared:{uuid.uuid4().hex[:8]}")
     local_registry.remove_local(ref)
     pulls = []
-    real_pull = pull._pull
+    real_pull = podman.pull
 
 
     def slow_pull(reference: str) -> str | None:
@@ -192,7 +192,7 @@ def test_concurrent_workers_pull_an_image_once(copy_task, base_store, local_regi
         time.sleep(2)  # every worker is waiting on the lock by now, not starting after the pull ended
         return real_pull(reference)
 
-    monkeypatch.setattr(pull, "_pull", slow_pull)
+    monkeypatch.setattr(podman, "pull", slow_pull)
     task_dir = _registry_task(copy_task, ref, None)
     try:
         with ThreadPoolExecutor(3) as pool:  # each worker with its own Store, as the gate's are

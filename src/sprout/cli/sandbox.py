@@ -24,11 +24,16 @@ def cmd_images(args: argparse.Namespace) -> int:
     store = _store(args)
     if args.action == "bootstrap":
         started = time.monotonic()
+        stand_ins = 0
         for recipe in images.RECIPES:
-            reference = images.bootstrap(recipe, store.root / "cache" / "bootstrap", log=console.print)
-            image = store.import_image(reference)
-            console.print(f"ok   {recipe.name} -> {image.key} ({', '.join(recipe.tags[:3])}, ...)")
-        console.print(f"base images ready in {time.monotonic() - started:.1f}s")
+            done = images.bootstrap(recipe, store.root / "cache" / "bootstrap", log=console.print)
+            image = store.import_image(recipe.tags[0])
+            stand_ins += len(done.stand_ins)
+            console.print(f"ok   {recipe.tags[0]} -> {image.key}: {len(done.pulled)} pulled, {len(done.kept)} kept, "
+                          f"{len(done.stand_ins)} stand-ins", markup=False)
+        note = f"; {stand_ins} names are offline stand-ins (run this again where a registry is reachable)" \
+            if stand_ins else ""
+        console.print(f"base images ready in {time.monotonic() - started:.1f}s{note}", markup=False)
         return 0
     if args.action == "import":
         if not args.name:

@@ -166,6 +166,7 @@ def _write_results(config: BenchmarkConfig, manifest: PreparationManifest, ids_r
     (config.output / "results.json").write_text(json.dumps(
         {"dataset": manifest.dataset.model_dump(), "task_ids": ids_record.model_dump() if ids_record else None,
          "excluded_flaky": exclusion.model_dump() if exclusion else None,
+         "stand_in_tasks": sorted({s.config.task for s in summaries if s.image.stand_in}),
          "methods": [r.__dict__ for r in rows],
          "evaluations": [{"task": s.config.task, "method": s.config.method, "status": s.status,
                           "solved_by": s.solved_by, "best_reward": s.best_reward, **s.totals.model_dump()}

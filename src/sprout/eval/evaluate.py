@@ -255,7 +255,8 @@ def _new_summary(run: _Run, image: TaskImage, previous: EvaluationSummary | None
     summary = EvaluationSummary(
         config=run.recorded, config_hash=run.recorded.digest(), pinning=run.pinning, source=run.source,
         image=ImageInfo(reference=image.reference, image_id=image.image.image_id, key=image.image.key,
-                        prepared=run.pinning.prepared_image, source=image.source, warning=image.warning),
+                        prepared=run.pinning.prepared_image, source=image.source, warning=image.warning,
+                        stand_in=image.stand_in),
         host_trust=trust.host_trust().enabled, endpoint_host=run.endpoint.host,
         review_endpoint_host=run.review_endpoint.host if run.review_endpoint else None)
     if previous is not None:

@@ -55,6 +55,7 @@ class GateSummary(BaseModel):
     trials: int = 1
     flaky: int = 0
     flaky_tasks: list[FlakyTask] = []
+    stand_in_tasks: list[str] = []  # tasks whose image is, or is built on, an offline stand-in base image
 
     def flaky_names(self) -> list[str]:
         return [f.task for f in self.flaky_tasks]
@@ -169,7 +170,7 @@ def _summary(config: GateConfig, results: list[TaskGate], task_ids: TaskIdsFile 
     summary = GateSummary(tasks_dir=str(config.tasks_dir), workers=config.workers, started_at=started_at,
                           wall_s=wall_s, passed=counts["pass"], failed=counts["fail"], errors=counts["error"],
                           task_ids=task_ids, results=results, trials=config.trials, flaky=counts["flaky"],
-                          flaky_tasks=flaky)
+                          flaky_tasks=flaky, stand_in_tasks=[r.task for r in results if r.image_stand_in])
     (config.output / "summary.json").write_text(summary.model_dump_json(indent=2))
     return summary
 

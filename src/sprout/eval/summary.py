@@ -63,6 +63,7 @@ class ImageInfo(BaseModel):
     prepared: PreparedImage | None  # what the preparation manifest recorded
     source: str | None = None  # present, pulled, built or cached (sprout.tasks.images)
     warning: str | None = None  # e.g. the prebuilt image could not be pulled and its Dockerfile was built
+    stand_in: bool | None = None  # the image is, or is built on, an offline stand-in base image
 
 
 class Totals(BaseModel):

@@ -1,7 +1,12 @@
-"""Base images built offline with mmdebstrap, imported into podman under the names Dockerfiles use.
+"""The base images Dockerfiles name (python:3.11-slim, debian:bookworm, ...): pulled from a registry
+where one has them, else stand-ins built offline with mmdebstrap.
 
-No container registry is reachable from these hosts; Debian's package mirror is. Each recipe is
-bootstrapped once into a tarball cached in the store, imported with `podman import`, and tagged.
+A host that reaches no container registry still reaches Debian's package mirror. For each official name
+a recipe lists, `bootstrap` first pulls it; only a name that cannot be pulled (and that podman does not
+already hold as a real image) gets the recipe's stand-in: Debian bootstrapped once into a tarball cached
+in the store, imported with `podman import` and labelled `sprout.recipe`, a label images built on it
+inherit, so a task image that stands on one is known (`stand_in`). A later successful pull (the set-up
+run again, or `--pull always`) replaces a stand-in by the real image.
 """
 
 import hashlib
@@ -9,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import shell
+from . import podman, shell
 from .podman import command as podman_command
 
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -62,26 +67,72 @@ def image_ids_by_name() -> dict[str, str]:
     return dict(line.split() for line in out.splitlines() if line.strip() and "<none>" not in line)
 
 
-def bootstrap(recipe: Recipe, cache_dir: Path, log=print) -> str:
-    """Makes sure podman has the recipe's image under all its tags; returns the image's reference."""
-    reference = f"localhost/{recipe.name}:{recipe.digest}"
+def stand_in(reference: str) -> bool:
+    """Whether podman's image of that name is a stand-in, or built on one (it carries RECIPE_LABEL)."""
+    proc = shell.run([*podman_command(), "image", "inspect", "--format", f'{{{{index .Config.Labels "{RECIPE_LABEL}"}}}}',
+                      reference], check=False)
+    return proc.returncode == 0 and proc.stdout.decode().strip() not in ("", "<no value>")
+
+
+def stand_ins_in_podman() -> list[str]:
+    """The official names podman holds as stand-ins."""
+    out = shell.output([*podman_command(), "images", "--noheading", "--filter", f"label={RECIPE_LABEL}", "--format",
+                        "{{.Repository}}:{{.Tag}}"])
+    official = {tag for recipe in RECIPES for tag in recipe.tags}
+    return sorted(name for name in out.split() if name in official)
+
+
+@dataclass
+class Bootstrapped:
+    pulled: list[str] = field(default_factory=list)  # names a registry had (a stand-in there was replaced)
+    kept: list[str] = field(default_factory=list)  # real images podman holds, which could not be pulled now
+    stand_ins: dict[str, str] = field(default_factory=dict)  # name -> why its pull failed
+
+
+def bootstrap(recipe: Recipe, cache_dir: Path, log=print, *, pull=podman.pull) -> Bootstrapped:
+    """Makes podman hold every name of the recipe: the registry's image where `pull` gets it, else the real
+    image podman already holds, else the recipe's stand-in (built once)."""
+    done = Bootstrapped()
     names = image_ids_by_name()
-    if reference not in names:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        tarball = cache_dir / f"{recipe.name.replace('/', '_')}-{recipe.digest}.tar"
-        if not tarball.exists():
-            log(f"  bootstrapping {recipe.name} ({recipe.suite}) with mmdebstrap, about 30 s ...")
-            partial = tarball.with_suffix(".partial.tar")
-            hooks = [f"--customize-hook={hook}" for hook in recipe.hooks]
-            shell.run(["mmdebstrap", "--variant=minbase", "--quiet", f"--include={','.join(recipe.packages)}",
-                       *hooks, recipe.suite, str(partial)], what=f"mmdebstrap {recipe.name}", timeout=1800)
-            partial.rename(tarball)
-        changes = [f"ENV={k}={v}" for k, v in recipe.env] + [f"CMD={json.dumps(list(recipe.cmd))}",
-                                                            f"LABEL={RECIPE_LABEL}={recipe.digest}"]
-        args = [arg for change in changes for arg in ("--change", change)]
-        shell.run([*podman_command(), "import", *args, str(tarball), reference], what=f"podman import {recipe.name}")
+    for tag in recipe.tags:
+        answer = pull(tag)
+        if answer is None:
+            done.pulled.append(tag)
+        elif tag in names and not stand_in(tag):
+            done.kept.append(tag)
+        else:
+            done.stand_ins[tag] = answer
+    if done.stand_ins:
+        reference = _stand_in_image(recipe, cache_dir, log)
         names = image_ids_by_name()
-    for tag in (f"localhost/{recipe.name}:latest", *recipe.tags):
-        if names.get(tag) != names[reference]:
-            shell.run([*podman_command(), "tag", reference, tag], what="podman tag")
+        for tag in (f"localhost/{recipe.name}:latest", *done.stand_ins):
+            if names.get(tag) != names[reference]:
+                shell.run([*podman_command(), "tag", reference, tag], what="podman tag")
+    for tag in done.pulled:
+        log(f"  pulled    {tag}")
+    for tag in done.kept:
+        log(f"  kept      {tag} (podman's own; the pull failed)")
+    for tag, answer in done.stand_ins.items():
+        log(f"  stand-in  {tag} (Debian {recipe.suite}; the pull failed: {answer.rsplit(': ', 1)[-1]})")
+    return done
+
+
+def _stand_in_image(recipe: Recipe, cache_dir: Path, log) -> str:
+    """The recipe's stand-in in podman (bootstrapped and imported once); its reference."""
+    reference = f"localhost/{recipe.name}:{recipe.digest}"
+    if reference in image_ids_by_name():
+        return reference
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tarball = cache_dir / f"{recipe.name.replace('/', '_')}-{recipe.digest}.tar"
+    if not tarball.exists():
+        log(f"  bootstrapping {recipe.name} ({recipe.suite}) with mmdebstrap, about 30 s ...")
+        partial = tarball.with_suffix(".partial.tar")
+        hooks = [f"--customize-hook={hook}" for hook in recipe.hooks]
+        shell.run(["mmdebstrap", "--variant=minbase", "--quiet", f"--include={','.join(recipe.packages)}",
+                   *hooks, recipe.suite, str(partial)], what=f"mmdebstrap {recipe.name}", timeout=1800)
+        partial.rename(tarball)
+    changes = [f"ENV={k}={v}" for k, v in recipe.env] + [f"CMD={json.dumps(list(recipe.cmd))}",
+                                                        f"LABEL={RECIPE_LABEL}={recipe.digest}"]
+    args = [arg for change in changes for arg in ("--change", change)]
+    shell.run([*podman_command(), "import", *args, str(tarball), reference], what=f"podman import {recipe.name}")
     return reference

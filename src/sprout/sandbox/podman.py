@@ -3,6 +3,7 @@
 import functools
 import json
 import resource
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,6 +68,22 @@ def inspect_image(name: str) -> ImageConfig:
     return ImageConfig(image_id=info["Id"], env=env, workdir=config.get("WorkingDir") or "/",
                        user=config.get("User") or "", entrypoint=config.get("Entrypoint") or [],
                        cmd=config.get("Cmd") or [], names=info.get("RepoTags") or [])
+
+
+def pull(reference: str) -> str | None:
+    """Runs `podman pull` (bounded by SPROUT_PULL_TIMEOUT); None on success, else the registry's answer
+    (podman's last error line)."""
+    timeout = settings().pull_timeout
+    try:
+        proc = subprocess.run([*command(), "pull", "--quiet", reference], capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"the pull took longer than {timeout:g}s (SPROUT_PULL_TIMEOUT)"
+    if proc.returncode == 0:
+        return None
+    lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
+    last = next((line for line in reversed(lines) if line.startswith("Error")), lines[-1] if lines else "")
+    return " ".join(last.removeprefix("Error: ").split()) or f"podman pull exited with {proc.returncode}"
 
 
 def image_layers(image_id: str) -> list[str]:

@@ -51,6 +51,7 @@ class TaskGate(BaseModel):
     image: str | None = None
     image_source: ImageSource | None = None  # present, pulled, built (now) or cached (an earlier build)
     image_warning: str | None = None  # e.g. the prebuilt image could not be pulled, its Dockerfile was built
+    image_stand_in: bool | None = None  # the image is, or is built on, an offline stand-in base image
     image_s: float = 0.0
     host_trust: bool | None = None  # whether sandboxes and builds got the host's CA bundle and proxy settings
     duration_s: float = 0.0
@@ -180,6 +181,7 @@ async def _gate(store: Store, task: Task, log_dir: Path, logger: logging.Logger,
     verdict, reason = _verdict(oracle, nop)
     return TaskGate(task=name, verdict=verdict, reason=reason, oracle=oracle, nop=nop, image=image.reference,
                     image_source=image.source, image_warning=image.warning, image_s=round(image.seconds, 3),
+                    image_stand_in=image.stand_in,
                     host_trust=trust.host_trust().enabled, log_dir=str(log_dir))
 
 

@@ -29,6 +29,7 @@ from harbor.environments.definition import (
 from harbor.models.task.config import EnvironmentConfig
 
 from ..sandbox import Image, Store, trust
+from ..sandbox.images import stand_in
 from ..sandbox.podman import command as podman_command
 from ..sandbox.podman import ulimit_flags
 from .errors import TaskImageError
@@ -51,6 +52,7 @@ class TaskImage:
     base_images: dict[str, str] = field(default_factory=dict)  # FROM name -> image id (builds)
     pull_s: float = 0.0
     build_s: float = 0.0
+    stand_in: bool = False  # the image is, or is built on, an offline stand-in base (sprout.sandbox.images)
 
 
 def ensure_image(store: Store, environment_dir: Path, config: EnvironmentConfig, *, name: str,
@@ -84,7 +86,7 @@ def ensure_image(store: Store, environment_dir: Path, config: EnvironmentConfig,
             return replace(built, warning=warning, seconds=time.monotonic() - started)
         return TaskImage(store.import_image(config.docker_image), config.docker_image, False,
                          time.monotonic() - started, source="pulled" if pulled.pulled else "present",
-                         pull_s=pulled.seconds if pulled.pulled else 0.0)
+                         pull_s=pulled.seconds if pulled.pulled else 0.0, stand_in=stand_in(config.docker_image))
     if not dockerfile.is_file():
         raise TaskImageError(f"task {name}: no {DOCKERFILE_NAME} in {environment_dir.name}/ to build")
     built = _build_image(store, environment_dir, config, name=name, policy=policy, log_path=log_path,
@@ -119,7 +121,7 @@ def _build_image(store: Store, environment_dir: Path, config: EnvironmentConfig,
             built = True
     build_s = time.monotonic() - build_started if built else 0.0
     return TaskImage(store.import_image(reference), reference, built, 0.0, source="built" if built else "cached",
-                     base_images=base_ids, pull_s=pull_s, build_s=build_s)
+                     base_images=base_ids, pull_s=pull_s, build_s=build_s, stand_in=stand_in(reference))
 
 
 @contextmanager

@@ -8,7 +8,6 @@ worker that waited while another pulled the same name uses that pull (even under
 
 import fcntl
 import hashlib
-import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,9 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
-from ..sandbox import Store
+from ..sandbox import Store, podman
 from ..sandbox.errors import ImageNotFound
-from ..sandbox.podman import command as podman_command
 from ..sandbox.podman import inspect_image
 from ..settings import settings
 from .errors import TaskImageError
@@ -82,7 +80,7 @@ def ensure_present(store: Store, reference: str, policy: PullPolicy, *, what: st
         present = image_id(reference)
         if present and (policy == "missing" or _pulled_after(marker, waited_since)):
             return Pulled(reference, present, True, time.monotonic() - started)
-        answer = _pull(reference)
+        answer = podman.pull(reference)
         if answer is not None:
             raise PullError(f"{what} {reference!r} could not be pulled: {answer}; {OFFLINE_HELP}", answer)
         marker.write_text(str(time.time()))
@@ -105,18 +103,3 @@ def _pulled_after(marker: Path, since: float) -> bool:
         return float(marker.read_text()) >= since
     except (OSError, ValueError):
         return False
-
-
-def _pull(reference: str) -> str | None:
-    """Runs `podman pull`; None on success, else the registry's answer (podman's last error line)."""
-    timeout = settings().pull_timeout
-    try:
-        proc = subprocess.run([*podman_command(), "pull", "--quiet", reference], capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return f"the pull took longer than {timeout:g}s (SPROUT_PULL_TIMEOUT)"
-    if proc.returncode == 0:
-        return None
-    lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
-    last = next((line for line in reversed(lines) if line.startswith("Error")), lines[-1] if lines else "")
-    return " ".join(last.removeprefix("Error: ").split()) or f"podman pull exited with {proc.returncode}"

@@ -13,7 +13,7 @@ from ..checkout import RUNTIME_LAUNCHER
 from ..errors import SproutError
 from ..sandbox import Store, backends, podman, shell, trust
 from ..sandbox.backends import Check
-from ..sandbox.images import RECIPES
+from ..sandbox.images import RECIPES, stand_ins_in_podman
 from ..settings import settings
 
 MIN_FREE_BYTES = 5 << 30
@@ -124,7 +124,13 @@ def _base_images(store: Store) -> Check:
             missing.append(recipe.tags[0])
     if missing:
         return Check("base images", False, f"missing {', '.join(missing)}: run sprout sandbox images bootstrap")
-    return Check("base images", True, ", ".join(r.tags[0].removeprefix("docker.io/library/") for r in RECIPES))
+    names = ", ".join(r.tags[0].removeprefix("docker.io/library/") for r in RECIPES)
+    if stand_ins := stand_ins_in_podman():
+        shown = ", ".join(name.removeprefix("docker.io/library/") for name in stand_ins)
+        return Check("base images", True, f"{names}; offline stand-ins (Debian, not the registry's images) for "
+                                          f"{shown}: `sprout sandbox images bootstrap` where a registry is "
+                                          "reachable replaces them")
+    return Check("base images", True, names)
 
 
 def _runtime_bin(runtime_bin: Path) -> Check:
