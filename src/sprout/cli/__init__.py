@@ -27,6 +27,7 @@ def adders() -> list[Callable[[argparse._SubParsersAction], None]]:
     commands need when they run, not when the parser is built)."""
     from . import (
         agent,
+        datasets,
         doctor,
         evaluation,
         report,
@@ -38,8 +39,8 @@ def adders() -> list[Callable[[argparse._SubParsersAction], None]]:
         worker,
     )
 
-    return [doctor.add, agent.add, sandbox.add, evaluation.add, report.add, services.add, worker.add, runstore.add,
-            rl_driver.add, swe_rebench.add, agent.add_tools]
+    return [doctor.add, agent.add, sandbox.add, datasets.add, evaluation.add, report.add, services.add, worker.add,
+            runstore.add, rl_driver.add, swe_rebench.add, agent.add_tools]
 
 
 def parser() -> argparse.ArgumentParser:

@@ -16,6 +16,7 @@ from ..sandbox import Store
 from ..tasks import TaskError, ensure_image, load_task
 from ..tasks.dataset import TaskIds, task_dirs
 from ..tasks.pull import PullPolicy
+from .datasets import read_record
 from .provenance import (
     FlakyExclusion,
     PreparationManifest,
@@ -48,9 +49,11 @@ def prepare(tasks_dir: Path, output: Path, *, name: str | None = None, store: St
             progress.update(bar, description=f"preparing {task_dir.name}")
             prepared.append(_prepare_task(task_dir, store, pull))
             progress.advance(bar)
+    fetched = read_record(tasks_dir)
     manifest = PreparationManifest(
         dataset=PreparedDataset(name=harbor_manifest.dataset.name, source=str(tasks_dir),
-                                digest=f"sha256:{harbor_manifest.compute_content_hash()}"),
+                                digest=f"sha256:{harbor_manifest.compute_content_hash()}",
+                                ref=fetched.ref if fetched else None, origin=fetched.origin() if fetched else None),
         tasks=prepared, task_ids=task_ids.record if task_ids else None, excluded_flaky=exclude_flaky,
         prep_tool=PrepTool(git_commit=source.commit, dirty=source.dirty))
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -94,6 +94,8 @@ class PreparedDataset(BaseModel):
     name: str
     source: str  # the tasks directory it was prepared from
     digest: str
+    ref: str | None = None  # the version or tag `sprout datasets get` fetched (its sprout-dataset.json)
+    origin: str | None = None  # where that came from: a registry, or a git repository (and its commit)
 
 
 class PrepTool(BaseModel):
