@@ -60,17 +60,33 @@ _WORKER_STORE = pytest.StashKey[Path]()
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """With pytest-xdist (`-n N`, the default: pyproject's addopts) each worker gets a store of its own,
-    `<store>/test-stores/xdist-<worker>`, through SPROUT_STORE, which the processes its tests start
+    `<store>/test-stores/xdist-<controller pid>-<worker>` (two sessions on one host never share one),
+    through SPROUT_STORE, which the processes its tests start
     inherit: a test's "what did I make" (the sandboxes and checkpoints listed before and after) then
     sees only its own worker's, and reaping and gc act on one worker's store. The process that is not a
-    worker (the controller, or a run with `-n 0`) notes the images there are before the session."""
+    worker (the controller, or a run with `-n 0`) notes the images there are before the session and
+    removes the worker stores that sessions no longer running left behind."""
     if worker := os.environ.get("PYTEST_XDIST_WORKER"):
         if _has_store_and_podman():
-            session.config.stash[_WORKER_STORE] = default_root() / "test-stores" / f"xdist-{worker}"
+            name = f"xdist-{os.getppid()}-{worker}"  # the workers are the controller's children
+            session.config.stash[_WORKER_STORE] = default_root() / "test-stores" / name
             os.environ["SPROUT_STORE"] = str(session.config.stash[_WORKER_STORE])
         return
     if _has_store_and_podman():
+        for stale in sorted((default_root() / "test-stores").glob("xdist-*")):
+            if not _running(stale.name.split("-")[1]):
+                drop_store(stale)
         session.config.stash[_IMAGES_BEFORE] = ({im.key for im in Store().images()}, _podman_image_ids())
+
+
+def _running(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -93,8 +109,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def worker_store(pytestconfig: pytest.Config) -> Iterator[None]:
-    """Under pytest-xdist, the worker's own store (see pytest_sessionstart): made empty (as a killed
-    run may have left it) with the main store's guest kernel, and removed whole after the session."""
+    """Under pytest-xdist, the worker's own store (see pytest_sessionstart): made with the main store's
+    guest kernel, and removed whole after the session."""
     if (root := pytestconfig.stash.get(_WORKER_STORE, None)) is None:
         yield
         return
