@@ -96,6 +96,17 @@ def test_package_examples_are_the_miles_fixtures_byte_for_byte(name):
     ).read_bytes()
 
 
+def test_the_search_example_is_a_valid_ff_group_of_the_fixture_shape():
+    """search_result.example.json (written from a real search run by test_search's FF test, which checks it
+    still matches one) is a result the wire model accepts: 14 slots, 2 roots, 12 branches from their points."""
+    example = json.loads((PACKAGE / "search_result.example.json").read_text())
+    result = RolloutGroupResult.model_validate(example)
+    assert result.status == "completed" and result.actual_samples == len(result.trajectories) == 14
+    groups = [(t.group or "").split(":")[0] for t in result.trajectories]
+    assert groups.count("root") == 2 and groups.count("student") == 4 and groups.count("repair") == 8
+    assert all(t.metadata["search"]["point_id"].endswith("-step2") for t in result.trajectories if t.group != "root")
+
+
 def test_request_fixture_round_trips_with_the_default_finalization():
     body = request_body()
     request = RolloutGroupRequest.model_validate(body)

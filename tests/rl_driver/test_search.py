@@ -142,6 +142,25 @@ def by_slot(result: dict) -> dict[int, dict]:
     return {int(t["sample_slot_id"].rsplit(":", 1)[1]): t for t in result["trajectories"]}
 
 
+SEARCH_EXAMPLE = REPO / "src" / "sprout" / "rl_driver" / "search_result.example.json"
+
+
+def shape(result: dict) -> list:
+    """What the shipped search example must share with a real run: the status, the slots, and the multiset
+    of (group with the root's branch id left out, reward, provenance, kind, whether it names leak terms):
+    which root a slot's sample grew from is the order the roots happened to ask the model in."""
+    roots = [t["branch_id"] for t in result["trajectories"] if t["group"] == "root"]
+
+    def generic(group: str) -> str:
+        for branch_id in roots:
+            group = group.replace(branch_id, "ROOT")
+        return group
+
+    return [result["status"], result["actual_samples"], sorted(by_slot(result)), sorted(
+        (generic(t["group"]), t["reward"], json.dumps(t["metadata"]["provenance"]), t["metadata"]["search"]["kind"],
+         bool(t["metadata"]["search"].get("leak_terms"))) for t in result["trajectories"])]
+
+
 def test_ff_gives_the_fixture_shape_students_and_repairs_from_checkpoints(tasks, tmp_path):
     """The Miles fixture's FF group: 2 roots, 1 point each, 2 students, 2 candidates x 2 continuations = 14."""
     spec = search(candidates=2, student_continuations=2, candidate_continuations=2, tf_student_continuations=2)
@@ -180,6 +199,9 @@ def test_ff_gives_the_fixture_shape_students_and_repairs_from_checkpoints(tasks,
     assert all(t["metadata"]["touched_test_paths"] == [] for t in result["trajectories"])
     assert len(reviews) == 4  # per root: the points, then the repairs
     assert {s.id for s in Store().sandboxes()} <= before
+    if os.environ.get("SPROUT_WRITE_EXAMPLES"):  # how the shipped example is made: from this real run
+        SEARCH_EXAMPLE.write_text(json.dumps(result, indent=2) + "\n")
+    assert shape(json.loads(SEARCH_EXAMPLE.read_text())) == shape(result)  # the example is what a run gives
 
 
 def test_tf_and_ff_partial_branch_students_from_the_failed_roots_only(tasks, tmp_path):
