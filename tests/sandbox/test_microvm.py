@@ -23,8 +23,20 @@ from sprout.tasks.cancellable import exec_async
 from tests.conftest import PYTHON_IMAGE, REPO, bridge_gateway, removing_what_is_made
 from tests.sandbox.test_network_switch import greeter
 
+# The server is listening before the command returns (a fixed sleep lost that race under TCG on a
+# loaded host, and the memory checkpoint then held a server that had not bound its port yet).
+LISTENING = ("import socket, time\n"
+             "for _ in range(600):\n"
+             "    try:\n"
+             "        socket.create_connection(('127.0.0.1', 8000), 1).close()\n"
+             "        break\n"
+             "    except OSError:\n"
+             "        time.sleep(0.1)\n"
+             "else:\n"
+             "    raise SystemExit('the server never listened')")
 SERVER = ("mkdir -p /srv && cd /srv && echo served-from-turn-2 > index.html && "
-          "nohup python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 & sleep 1")
+          "{ nohup python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 & } && "
+          f"python3 -c \"{LISTENING}\"")
 FETCH = ("python3 -c \"import urllib.request; "
          "print(urllib.request.urlopen('http://127.0.0.1:8000/').read().decode(), end='')\"")
 

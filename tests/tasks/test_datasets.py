@@ -72,6 +72,19 @@ def test_a_registry_dataset_comes_through_harbors_client_pinned_and_named(tmp_pa
     assert unpinned.returncode == 2 and "NAME@REF" in unpinned.stderr and "Traceback" not in unpinned.stderr
 
 
+def test_a_task_repository_that_cannot_be_cloned_is_one_clear_error(tmp_path):
+    gone = tmp_path / "no-such-repo"
+    registry = tmp_path / "registry.json"
+    registry.write_text(json.dumps([{"name": "sprout-test/gone", "version": "1.0", "description": "moved away",
+                                     "tasks": [{"name": "alpha", "git_url": f"file://{gone}",
+                                                "git_commit_id": "0" * 40, "path": "tasks/alpha"}]}]))
+    failed = get("sprout-test/gone@1.0", "--registry-path", registry, "-o", tmp_path / "out", cwd=tmp_path)
+    assert failed.returncode == 1 and "Traceback" not in failed.stderr, failed.stderr
+    assert failed.stderr.strip().splitlines() == [
+        f"error: dataset sprout-test/gone@1.0: git clone of file://{gone} failed: "
+        f"fatal: '{gone}' does not appear to be a git repository"]
+
+
 def sums(files: dict[str, str]) -> str:
     return "".join(f"{hashlib.sha256(text.encode()).hexdigest()}  {rel}\n" for rel, text in files.items())
 

@@ -94,9 +94,22 @@ def _harbor(name: str, ref: str, output: Path, registry_url: str | None, registr
         items = asyncio.run(client.download_dataset(f"{name}@{ref}", overwrite=True, output_dir=output, export=True))
     except (EmptyDatasetError, UnavailableDatasetTasksError, KeyError, ValueError, OSError) as e:
         raise SproutError(f"dataset {name}@{ref}: {' '.join(str(e).split()) or type(e).__name__}") from None
+    except subprocess.CalledProcessError as e:  # Harbor's client runs git for each task's repository
+        raise SproutError(f"dataset {name}@{ref}: {_failed_git(e)}") from None
     if not items:
         raise SproutError(f"dataset {name}@{ref} has no tasks")
     return str(registry_path or registry_url or "the Harbor registry")
+
+
+def _failed_git(error: subprocess.CalledProcessError) -> str:
+    """One line for a git command Harbor's client ran that failed: what it ran on and git's last words."""
+    args = [str(a) for a in error.cmd] if isinstance(error.cmd, list) else [str(error.cmd)]
+    target = next((a for a in args if "://" in a or a.startswith("git@")), "a task's repository")
+    stderr = error.stderr.decode(errors="replace") if isinstance(error.stderr, bytes) else str(error.stderr or "")
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    said = next((line for line in lines if line.startswith(("fatal:", "error:"))),
+                lines[-1] if lines else f"exit status {error.returncode}")
+    return f"git {args[1] if len(args) > 1 else ''} of {target} failed: {said}"
 
 
 def _swe_bench_pro(git_url: str, tag: str, output: Path) -> tuple[str, list[str]]:
