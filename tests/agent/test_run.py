@@ -74,6 +74,9 @@ def test_fizzbuzz_run_journal_checkpoints_and_reports(tmp_path, cleanup_journals
     assert "FizzBuzz" in j.turns[2].observation and j.turns[2].exit_code == 0
     assert all(t.tokens_in > 0 and t.tokens_out > 0 and t.checkpoint_ms > 0 for t in j.turns)
     assert j.outcome.final_checkpoint == j.turns[-1].checkpoint
+    # what each turn changed on disk, since the checkpoint before it (the first turn: since the image)
+    assert [t.changes.since for t in j.turns] == [j.header.image_key] + [t.checkpoint for t in j.turns[:-1]]
+    assert [t.changes.paths for t in j.turns] == [[], ["A /tmp/fizzbuzz.py"], [], [], []]
     # the host's environment (the API key) never reaches the sandbox
     assert all("sk-secret" not in json.dumps(r["body"]) for r in requests)
 
@@ -88,6 +91,8 @@ def test_fizzbuzz_run_journal_checkpoints_and_reports(tmp_path, cleanup_journals
     assert markdown.startswith("# Sprout rollout:") and "## Turn 5" in markdown
     assert "```bash\npython3 fizzbuzz.py 15\n```" in markdown and "<details><summary>observation" in markdown
     assert "**submitted**" in markdown
+    assert f"changes on disk since `{j.turns[0].checkpoint}`: 1 added, 0 changed, 0 removed: A /tmp/fizzbuzz.py" \
+        in markdown
     assert report("export", str(journal)).stdout == markdown
 
 
@@ -113,6 +118,11 @@ def test_resume_from_turn_1_restores_sandbox_and_messages(tmp_path, cleanup_jour
     assert child.header.parent.turn == 1 and child.header.parent.checkpoint == parent.turns[0].checkpoint
     assert child.header.parent.journal == str(journal) and child.header.task == "make files"
     assert [t.turn for t in child.turns] == [2, 3]
+    if backend == "container":  # a branch's first turn: since the checkpoint it branched from
+        assert child.turns[0].changes.since == parent.turns[0].checkpoint and child.turns[0].changes.paths == []
+        assert parent.turns[1].changes.paths == ["A /tmp/two"]
+    else:  # a microVM's files are inside its disk
+        assert all(t.changes is None for t in child.turns + parent.turns)
     listing = child.turns[0].observation.split()
     assert "one" in listing and "two" not in listing  # the branch's sandbox is turn 1's, not turn 2's
     history = parent.messages_up_to(1)

@@ -64,6 +64,7 @@ def test_first_fails_review_picks_turn_2_branch_resumes_with_note_and_passes(dat
         reviewer.stop()
     assert "## Turn 3" in review_prompt and "sed -i 's/return a - b/return a * b/'" in review_prompt
     assert "add(a, b)" in review_prompt and "reward 0" in review_prompt and "failed" in review_prompt.lower()
+    assert "changes on disk" not in review_prompt and not read_summary(out).config.review_changes  # off by default
 
     summary = read_summary(out)
     assert summary.status == "solved" and summary.solved_by == "r1b1" and summary.sessions == 2
@@ -139,12 +140,19 @@ def test_malformed_review_is_retried_then_falls_back_and_is_recorded(dataset, ou
     with ScriptedModelServer(agent_script) as agent, \
             ScriptedModelServer([{"content": "I think turn two"}, {"content": '{"branch_points": [{"turn": 9}]}'}]) as rev:
         result = run_module("sprout.eval.evaluate", *evaluate_args(
-            dataset, out, agent.base_url, "--review-endpoint", rev.base_url, "--review-retries", "1"))
+            dataset, out, agent.base_url, "--review-endpoint", rev.base_url, "--review-retries", "1",
+            "--review-changes"))
+        first_prompt = rev.requests[0]["body"]["messages"][-1]["content"]
         retry_prompt = rev.requests[1]["body"]["messages"][-1]["content"]
         branch_first = agent.requests[4]["body"]["messages"][-1]["content"]
     assert result.returncode == 0, result.stdout + result.stderr
     assert "cannot be used" in retry_prompt and "no JSON object" in retry_prompt
+    # --review-changes: each turn says what it changed on disk (turn 3 edited calc.py; turn 2 nothing)
+    turn_3 = first_prompt.split("## Turn 3")[1].split("## Turn 4")[0]
+    assert "changes on disk: 0 added, 1 changed, 0 removed: M /app/calc.py (content)" in turn_3
+    assert "changes on disk: 0 added, 0 changed, 0 removed\n" in first_prompt.split("## Turn 2")[1]
     summary = read_summary(out)
+    assert summary.config.review_changes
     review = summary.reviews[0]
     assert review.fallback and "2 call(s)" in review.fallback
     assert [t.accepted for t in review.tries] == [False, False] and review.tries[0].raw == "I think turn two"

@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field, ValidationError
 from .. import __version__
 from ..checkout import CHECKOUT
 from ..errors import SproutError
+from ..sandbox.diff import ChangeSummary
 
 SCHEMA_VERSION = 1
 OBSERVATION_CAP = 10_000
@@ -89,6 +90,7 @@ class Turn(BaseModel):
     checkpoint_ms: float | None
     n_calls: int
     time: datetime = Field(default_factory=now)
+    changes: ChangeSummary | None = None  # what the turn changed on disk (None: not known)
     new_messages: list[dict[str, Any]]
 
 

@@ -8,6 +8,7 @@ messages up to the turn it branches from, so the stock loop runs unchanged.
 
 import copy
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -18,12 +19,15 @@ from minisweagent.agents.default import DefaultAgent
 from minisweagent.exceptions import LimitsExceeded
 from pydantic import BaseModel, ConfigDict
 
-from ..sandbox import Sandbox, Store
+from ..sandbox import Checkpoint, Sandbox, Store
+from ..sandbox.diff import ChangeSummary
 from ..sandbox.errors import CheckpointNotFound, SproutError
 from . import defaults
 from .environment import SandboxEnvironment
 from .journal import OBSERVATION_CAP, Header, JournalWriter, Limits, Outcome, ParentRef, Turn, read_journal
 from .models import Endpoint, SamplingParams, make_model, mswea_config
+
+log = logging.getLogger("sprout.agent")
 
 #: Marks, in a journal, an assistant message no model call produced (``extra[INSERTED]`` is true).
 INSERTED = "sprout_inserted"
@@ -312,6 +316,7 @@ class _TurnRecorder:
         self.tokens_in, self.tokens_out = self.tokens_in + tokens_in, self.tokens_out + tokens_out
         checkpoint = self.start_at.sandbox.checkpoint(label=f"turn {self.turn_number}")
         self.result.checkpoints.append(checkpoint.id)
+        changes = _turn_changes(self.start_at.sandbox, checkpoint)
         exit_message = next((m for m in new if m.get("role") == "exit"), None)
         observation = "\n".join(str(m.get("extra", {}).get("raw_output", m.get("content", ""))) for m in observations)
         if exit_message and not observation:
@@ -322,7 +327,7 @@ class _TurnRecorder:
                       exit_code=next((rc for rc in reversed(returncodes) if rc is not None), None),
                       tokens_in=tokens_in, tokens_out=tokens_out, model_latency_s=round(agent.model_latency, 4),
                       command_s=round(self.env.command_seconds, 4), checkpoint_ms=round(checkpoint.duration_ms or 0, 2),
-                      n_calls=agent.n_calls, new_messages=new)
+                      n_calls=agent.n_calls, changes=changes, new_messages=new)
         agent.model_latency, self.env.command_seconds = 0.0, 0.0
         self.writer.write(record)
         if self.on_event:
@@ -334,6 +339,18 @@ class _TurnRecorder:
                        submission=submission, turns=self.turn_number - self.start_at.first_turn + 1,
                        tokens_in=self.tokens_in, tokens_out=self.tokens_out, wall_s=round(wall_s, 3),
                        final_checkpoint=checkpoints[-1] if checkpoints else (parent.checkpoint if parent else None))
+
+
+def _turn_changes(sandbox: Sandbox, checkpoint: Checkpoint) -> ChangeSummary | None:
+    """What the turn changed on disk, from the previous checkpoint (or the image, on a fresh start's first
+    turn). None where the store cannot tell (a microVM's disk) or could not: a summary never fails a turn."""
+    if not checkpoint.has_host_files:
+        return None
+    try:
+        return sandbox.store.diff(checkpoint.parent or checkpoint.image_key, checkpoint.id, content=False).summary()
+    except (SproutError, OSError) as e:
+        log.warning("no change summary for %s: %s", checkpoint.id, e)
+        return None
 
 
 def _error_text(e: Exception) -> str:

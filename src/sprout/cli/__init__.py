@@ -39,7 +39,7 @@ def adders() -> list[Callable[[argparse._SubParsersAction], None]]:
         worker,
     )
 
-    return [doctor.add, agent.add, sandbox.add, datasets.add, evaluation.add, report.add, services.add, worker.add,
+    return [doctor.add, agent.add, sandbox.add, sandbox.add_checkpoint, datasets.add, evaluation.add, report.add, services.add, worker.add,
             runstore.add, rl_driver.add, swe_rebench.add, agent.add_tools]
 
 

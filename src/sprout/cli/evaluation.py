@@ -115,6 +115,9 @@ def add_evaluation_flags(group: argparse.ArgumentParser | argparse._ArgumentGrou
                        help="over a Run Store: the reviewer's endpoint configured on the workers (default: the agent's)")
     group.add_argument("--review-retries", type=int, default=2, metavar="N",
                        help="calls again after an unusable review answer, before the fallback rule (default 2)")
+    group.add_argument("--review-changes", action="store_true",
+                       help="the reviewer also reads what each turn changed on disk (files added, changed, removed); "
+                            "off by default, recorded in the summary")
     group.add_argument("--no-early-stop", dest="early_stop", action="store_false",
                        help="run every planned attempt even after one scores 1 (by default the first to score 1 "
                             "cancels its running siblings)")

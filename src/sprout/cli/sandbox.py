@@ -9,6 +9,7 @@ from rich.table import Table
 from ..console import console, human_bytes
 from ..errors import UsageError
 from ..sandbox import Store, images
+from ..sandbox.diff import TEXT_CAP, FileChange
 from . import flags
 
 
@@ -143,6 +144,55 @@ def cmd_gc(args: argparse.Namespace) -> int:
         console.print(("would remove " if args.dry_run else "removed ") + line)
     console.print(f"{len(removed)} item(s){' (dry run)' if args.dry_run else ''}")
     return 0
+
+
+def _change_detail(change: FileChange) -> str:
+    before, after = change.before, change.after
+    if change.change != "changed" or before is None or after is None:
+        node = after or before
+        return f"{node.kind} {node.mode} {human_bytes(node.size)}" if node else ""
+    parts = {"type": f"type {before.kind} -> {after.kind}", "mode": f"mode {before.mode} -> {after.mode}",
+             "owner": f"owner {before.owner} -> {after.owner}", "target": f"target {before.target} -> {after.target}",
+             "content": f"content {human_bytes(before.size)} -> {human_bytes(after.size)}"}
+    return "; ".join(parts[what] for what in change.what)
+
+
+def cmd_checkpoint_diff(args: argparse.Namespace) -> int:
+    diff = _store(args).diff(args.base, args.target, content=args.patch or args.json, walk=args.walk)
+    if args.json:
+        console.out(diff.model_dump_json(indent=2), highlight=False)
+        return 0
+    how = "btrfs send" if diff.method == "btrfs-send" else "a walk of both trees"
+    console.out(f"{diff.base} -> {diff.target}: {diff.summary().counts()} ({how}, "
+                f"{diff.elapsed_ms:.1f} ms)", highlight=False)
+    width = max((len(c.path) for c in diff.changes), default=0)
+    for change in diff.changes:  # paths are the agent's: printed as they are, never as markup
+        console.out(f"  {change.line()[0]}  {change.path:<{width}}  {_change_detail(change)}", highlight=False)
+    for change in diff.changes if args.patch else []:
+        if change.diff:
+            console.out(change.diff, end="", highlight=False)
+        elif change.binary:
+            console.out(f"Binary file {change.path} differs\n", end="", highlight=False)
+    return 0
+
+
+def add_checkpoint(sub: argparse._SubParsersAction) -> None:
+    group = sub.add_parser("checkpoint", help="what changed between checkpoints", description=(
+        "Checkpoints of a sandbox's lineage (`sprout sandbox checkpoint` makes one)."))
+    commands = group.add_subparsers(dest="checkpoint_command", required=True, metavar="COMMAND")
+    text = ("files added (A), changed (M) and removed (D) from BASE to TARGET: type, mode, owner, symlink target "
+            "and content, found by an incremental btrfs send (a walk of both trees where that is not allowed)")
+    s = commands.add_parser("diff", help="files added, changed and removed between two checkpoints",
+                            description=text)
+    flags.add(s, "store", "runtime_bin")
+    s.add_argument("base", metavar="BASE", help="a checkpoint (ck-...), or the image key (im-...) its lineage began from")
+    s.add_argument("target", metavar="TARGET", help="a checkpoint of the same lineage (ck-...)")
+    s.add_argument("-p", "--patch", action="store_true",
+                   help=f"also a unified diff of each text file up to {TEXT_CAP >> 10} KiB (larger or binary "
+                        "files: a line saying they differ)")
+    s.add_argument("--json", action="store_true", help="the whole diff, with the unified diffs, as JSON")
+    s.add_argument("--walk", action="store_true", help="find the changes by walking both trees, not by btrfs send")
+    s.set_defaults(func=cmd_checkpoint_diff)
 
 
 def add(sub: argparse._SubParsersAction) -> None:

@@ -73,6 +73,8 @@ class EvaluationOptions(BaseModel):
     review_key_env: str | None = Field(None, description="the variable holding the reviewer's key")
     review_endpoint_name: str | None = Field(None, description="over a Run Store: the reviewer's worker endpoint")
     review_retries: int = Field(2, ge=0, description="calls again after an unusable review answer")
+    review_changes: bool = Field(False, description="the reviewer also reads what each turn changed on disk "
+                                                    "(recorded in the summary)")
     early_stop: bool = Field(True, description="the first attempt to score 1 cancels its running siblings")
     parallel: int | None = Field(None, description="attempts at once (default: a round's branch count)")
     budget_by: BudgetBy = Field("turns", description="what the restarts baseline's equal budget counts")
@@ -232,7 +234,8 @@ def _settle(config: EvaluateConfig) -> _Run:
         budget=budget, model=config.model, model_class=config.model_class,
         review_model=(config.review_model or config.model) if config.method == "sprout" else None,
         step_limit=config.step_limit, token_limit=config.token_limit, wall_time_s=wall_time,
-        command_timeout_s=config.command_timeout, review_retries=config.review_retries, seed=config.seed,
+        command_timeout_s=config.command_timeout, review_retries=config.review_retries,
+        review_changes=config.review_changes and config.method == "sprout", seed=config.seed,
         commit=source.commit, wave=_wave(config.method, config.branches, config.parallel))
     recorded, parallel = _recorded_wave(config.output, recorded, config.parallel)
     store = Store(config.store, runtime_bin=config.runtime_bin, backend=config.backend)
@@ -286,7 +289,8 @@ def _executor(run: _Run, image: TaskImage, jobs: Jobs, summary: EvaluationSummar
     config = run.config
     session_start, base_wall = time.monotonic(), summary.wall_s
     reviewer = Reviewer(ReviewerConfig(model=run.recorded.review_model or config.model, retries=config.review_retries,
-                                       seed=config.seed), run.review_endpoint) if run.review_endpoint else None
+                                       seed=config.seed, show_changes=run.recorded.review_changes),
+                        run.review_endpoint) if run.review_endpoint else None
 
     def save() -> None:
         summary.attempts, summary.reviews = list(executor.attempts), list(executor.reviews)

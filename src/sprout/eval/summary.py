@@ -43,12 +43,14 @@ class EvaluationConfig(BaseModel):
     seed: int
     commit: str | None
     wave: int | None = None  # restarts run this many attempts at once (their limits depend on it); None: 1
+    review_changes: bool = False  # the reviewer read what each turn changed on disk
 
     def digest(self) -> str:
-        """The hash of the fields; `wave` only when set, so runs from before it existed keep theirs.
-        How many of SPROUT's branches run at once is not here: it does not change the plans."""
-        text = json.dumps(self.model_dump(mode="json", exclude={"wave"} if self.wave is None else None),
-                          sort_keys=True)
+        """The hash of the fields; `wave` and `review_changes` only when set, so runs from before they existed
+        keep theirs. How many of SPROUT's branches run at once is not here: it does not change the plans."""
+        unset = {"wave"} if self.wave is None else set()
+        unset |= set() if self.review_changes else {"review_changes"}
+        text = json.dumps(self.model_dump(mode="json", exclude=unset), sort_keys=True)
         return f"sha256:{hashlib.sha256(text.encode()).hexdigest()}"
 
     def differences(self, other: "EvaluationConfig") -> list[str]:

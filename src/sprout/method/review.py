@@ -46,6 +46,7 @@ RAW_CAP = 8_000  # of a reviewer answer kept in the record
 OBSERVATION_CAP = 3_000  # per turn, in the prompt (head and tail)
 TEXT_CAP = 2_000  # per thought or command
 VERIFIER_CAP = 8_000  # tail of the grader's output
+CHANGES_CAP = 1_000  # per turn: what it changed on disk (with show_changes)
 QUESTION_ROOM = 2_000  # characters of prompt_chars kept for the questions and answers after the trajectory
 MIN_CALL_S = 2.0  # a call is not started with less time left than this
 FALLBACK_NOTE = ("Your previous attempt from this point did not pass the task's tests. Reconsider the approach "
@@ -86,6 +87,8 @@ class ReviewerConfig(BaseModel):
                                                              "(its head and tail kept)")
     max_concurrent_requests: int = Field(8, ge=1, description="calls in flight at once, all reviews of a "
                                                               "process together")
+    show_changes: bool = Field(False, description="each turn of the trajectory also says what it changed on "
+                                                  "disk (files added, changed, removed; from its journal line)")
 
 
 class Step(BaseModel):
@@ -135,8 +138,9 @@ def _tail(text: str, limit: int) -> str:
     return text if len(text) <= limit else "[...]\n" + text[-limit:]
 
 
-def trajectory_text(inp: ReviewInput) -> str:
-    """The task, the trajectory turn by turn, and the grader's output."""
+def trajectory_text(inp: ReviewInput, show_changes: bool = False) -> str:
+    """The task, the trajectory turn by turn (`show_changes`: with what each changed on disk), and the
+    grader's output."""
     lines = ["# Task", "", inp.instruction.strip(), "", f"# The agent's trajectory ({inp.last_turn} turns)", ""]
     for step in inp.steps:
         turn = step.turn
@@ -148,7 +152,11 @@ def trajectory_text(inp: ReviewInput) -> str:
         if thought:
             lines.append(f"thought: {cap_middle(thought, TEXT_CAP)}")
         lines += [f"$ {cap_middle(command, TEXT_CAP)}" for command in turn.commands]
-        lines += ["output:", cap_middle(turn.observation, OBSERVATION_CAP) or "(none)", ""]
+        lines += ["output:", cap_middle(turn.observation, OBSERVATION_CAP) or "(none)"]
+        if show_changes:
+            changed = turn.changes.line() if turn.changes is not None else "not recorded"
+            lines.append(f"changes on disk: {cap_middle(changed, CHANGES_CAP)}")
+        lines.append("")
     reward = "none (grading failed)" if inp.reward is None else f"{inp.reward:g}"
     lines += [f"# Verifier output (the task's tests on the final state; reward {reward}, 1 is a pass)", "",
               _tail(inp.verifier_output, VERIFIER_CAP) or "(no output)"]
@@ -172,7 +180,7 @@ def points_question(inp: ReviewInput) -> str:
 
 def request_messages(inp: ReviewInput, config: ReviewerConfig) -> list[dict]:
     """The first request of a review: the trajectory (cut to `prompt_chars`) and the points question."""
-    trajectory = cap_middle(trajectory_text(inp), config.prompt_chars - QUESTION_ROOM)
+    trajectory = cap_middle(trajectory_text(inp, config.show_changes), config.prompt_chars - QUESTION_ROOM)
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"{trajectory}\n\n{points_question(inp)}"}]
 
 

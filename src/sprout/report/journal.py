@@ -78,6 +78,8 @@ def to_markdown(journal: Journal) -> str:
         lines += ["", f"## Turn {turn.turn}", "",
                   (f"checkpoint `{turn.checkpoint}` · exit {turn.exit_code} · {turn.tokens_in}+{turn.tokens_out} "
                    f"tokens · model {turn.model_latency_s:.2f}s · command {turn.command_s:.2f}s"), ""]
+        if turn.changes is not None:
+            lines += [f"changes on disk since `{turn.changes.since}`: {turn.changes.line()}", ""]
         if turn.thought.strip():
             lines += [turn.thought.strip(), ""]
         for command in turn.commands:

@@ -6,6 +6,7 @@ import fcntl
 import os
 import stat
 import struct
+import tempfile
 from pathlib import Path
 
 from . import shell
@@ -17,6 +18,15 @@ IOCTL_ARGS_SIZE = 4096  # btrfs_ioctl_search_args, btrfs_ioctl_ino_lookup_args, 
 IOC_TREE_SEARCH = 0xD0009411  # _IOWR(0x94, 17, 4096)
 IOC_INO_LOOKUP = 0xD0009412  # _IOWR(0x94, 18, 4096)
 IOC_SNAP_DESTROY_V2 = 0x5000943F  # _IOW(0x94, 63, 4096)
+IOC_SEND = 0x40489426  # _IOW(0x94, 38, struct btrfs_ioctl_send_args): 72 bytes
+SEND_NO_FILE_DATA = 1  # BTRFS_SEND_FLAG_NO_FILE_DATA: the stream names writes without their bytes
+SEND_MAGIC = b"btrfs-stream\0"
+# send stream commands (linux/btrfs send.h) that change a file's bytes or length, and the attributes that
+# hold a path: PATH, PATH_TO (a rename's new name), PATH_LINK (a hard link's target), CLONE_PATH
+SEND_DATA_COMMANDS = {15, 16, 17, 22, 23, 25}  # WRITE, CLONE, TRUNCATE, UPDATE_EXTENT, FALLOCATE, ENCODED_WRITE
+SEND_SUBVOLUME_COMMANDS = {1, 2}  # SUBVOL, SNAPSHOT: their PATH is the subvolume's name
+SEND_PATH_ATTRIBUTES = {15, 16, 17, 22}
+SEND_SYMLINK = 8  # its PATH_LINK is the link's target, not a path of the tree
 SUBVOL_SPEC_BY_ID = 1 << 4
 ROOT_TREE_ID = 1
 ROOT_REF_KEY = 156
@@ -160,6 +170,52 @@ def delete(path: Path) -> None:
         finally:
             os.close(fd)
     shell.run(["btrfs", "subvolume", "delete", str(path)], what="btrfs subvolume delete")
+
+
+def changed_paths(parent: Path, target: Path) -> dict[bytes, bool]:
+    """Every path an incremental send from the read-only subvolume `parent` to the read-only `target` names
+    (relative to the subvolume, in either tree or a temporary name of the stream), each with whether the
+    stream changes a file's bytes there. The kernel compares the two trees and skips the blocks they share,
+    so this costs what changed, not the tree's size. Needs CAP_SYS_ADMIN (an OSError otherwise)."""
+    parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        target_fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            parent_id = _subvolume_id_of_fd(parent_fd)
+            sources = ctypes.c_uint64(parent_id)
+            with tempfile.TemporaryFile(dir="/dev/shm") as stream:
+                args = bytearray(72)
+                struct.pack_into("=qQQQQI", args, 0, stream.fileno(), 1, ctypes.addressof(sources), parent_id,
+                                 SEND_NO_FILE_DATA, 0)
+                fcntl.ioctl(target_fd, IOC_SEND, args)
+                stream.seek(0)
+                return _stream_paths(stream.read())
+        finally:
+            os.close(target_fd)
+    finally:
+        os.close(parent_fd)
+
+
+def _stream_paths(stream: bytes) -> dict[bytes, bool]:
+    """The paths of a send stream (v1 framing: a command header, then type-length-value attributes)."""
+    if not stream.startswith(SEND_MAGIC):
+        raise StoreError("btrfs send wrote no stream")
+    paths: dict[bytes, bool] = {}
+    position = len(SEND_MAGIC) + 4  # the magic, then a u32 version
+    while position + 10 <= len(stream):
+        length, command, _crc = struct.unpack_from("<IHI", stream, position)
+        body, position = stream[position + 10:position + 10 + length], position + 10 + length
+        if command in SEND_SUBVOLUME_COMMANDS:
+            continue
+        names = SEND_PATH_ATTRIBUTES - {17} if command == SEND_SYMLINK else SEND_PATH_ATTRIBUTES
+        offset = 0
+        while offset + 4 <= len(body):
+            kind, size = struct.unpack_from("<HH", body, offset)
+            if kind in names and size:
+                name = body[offset + 4:offset + 4 + size]
+                paths[name] = paths.get(name, False) or command in SEND_DATA_COMMANDS
+            offset += 4 + size
+    return paths
 
 
 def disk_usage(paths: list[Path]) -> int:

@@ -17,6 +17,8 @@ from .errors import SproutError
 
 SYS_OPENAT2 = 437  # the same number on every architecture (new syscalls share one table)
 RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
 RESOLVE_IN_ROOT = 0x10
 O_PATH = getattr(os, "O_PATH", 0o10000000)
 DEFAULT_MAX_BYTES = 4 << 20
@@ -32,19 +34,28 @@ class _OpenHow(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
 
+def _openat2(dir_fd: int, path: bytes, flags: int, resolve: int) -> int:
+    how = _OpenHow(flags | os.O_CLOEXEC, 0, resolve)
+    fd = _libc.syscall(SYS_OPENAT2, dir_fd, path or b".", ctypes.byref(how), ctypes.sizeof(how))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), os.fsdecode(path))
+    return fd
+
+
 def open_in_root(root: Path, path: str, flags: int) -> int:
     """A file descriptor for the in-sandbox `path`, resolved with `root` as `/`."""
-    how = _OpenHow(flags | os.O_CLOEXEC, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
     root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fd = _libc.syscall(SYS_OPENAT2, root_fd, os.fsencode(path.lstrip("/") or "."), ctypes.byref(how),
-                           ctypes.sizeof(how))
-        if fd < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err), path)
-        return fd
+        return _openat2(root_fd, os.fsencode(path.lstrip("/")), flags, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
     finally:
         os.close(root_fd)
+
+
+def open_beneath(dir_fd: int, path: bytes, flags: int) -> int:
+    """A file descriptor for `path` below the directory `dir_fd`, following no symbolic link on the way
+    (a link among its components is ELOOP): the tree as it is on disk, not as a process would see it."""
+    return _openat2(dir_fd, path.lstrip(b"/"), flags, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)
 
 
 def makedirs_in_root(root: Path, path: str, mode: int = 0o755) -> None:

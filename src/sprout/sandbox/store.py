@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..settings import settings
 from . import backends, btrfs, confinement, podman, rootfs, shell, trust
+from .diff import CheckpointDiff, diff_trees
 from .errors import (
     CheckpointNotFound,
     CommandError,
@@ -103,6 +104,10 @@ class Checkpoint:
 
     def delete(self, force: bool = False) -> None:
         self.store.remove_checkpoint(self.id, force=force)
+
+    def diff(self, target: "Checkpoint", *, content: bool = True) -> CheckpointDiff:
+        """What changed on disk from this checkpoint to `target`, a later one of its lineage (Store.diff)."""
+        return self.store.diff(self.id, target.id, content=content)
 
 
 @dataclass
@@ -441,6 +446,25 @@ class Store:
                              f"({', '.join(b.id for b in branches)}); force to delete it anyway")
         btrfs.delete(checkpoint.path)
         self.meta.execute("DELETE FROM checkpoints WHERE id = ?", checkpoint_id)
+
+    def diff(self, base: str, target: str, *, content: bool = True, walk: bool = False) -> CheckpointDiff:
+        """What changed on disk from `base` (a checkpoint, or the image key a lineage began from) to the
+        checkpoint `target`: files added, changed and removed (sprout.sandbox.diff); `content` adds a
+        unified diff of each text file under the cap."""
+        after = self.checkpoint(target)
+        before_path, before_image = (self.image(base).path, base) if base.startswith("im-") else \
+            (self.checkpoint(base).path, self.checkpoint(base).image_key)
+        if before_image != after.image_key:
+            raise StoreError(f"{base} and {target} are not of one lineage: they come from the images "
+                             f"{before_image} and {after.image_key}")
+        if not after.has_host_files:
+            raise SandboxStateError(f"checkpoint {target} is a microVM's: its files are inside its disk, and "
+                                    "diffing them is not supported yet")
+        for name, path in ((base, before_path), (target, after.path)):
+            if not btrfs.is_subvolume(path):
+                raise StoreError(f"{name} is recorded but its subvolume {path} is gone")
+        return diff_trees(before_path, after.path, base_name=base, target_name=target, content=content, walk=walk,
+                          not_added=backends.of_limits(after.limits).start_made if base.startswith("im-") else frozenset())
 
     def size_of(self, checkpoint: Checkpoint) -> int | None:
         """Bytes held only by this checkpoint (on demand: btrfs quotas stay off for fast snapshots)."""

@@ -51,6 +51,7 @@ class SandboxBackend(Protocol):
     name: str
     summary: str  # one line, for help texts
     host_files: bool  # whether the sandbox's files are a host directory (its rootfs) while it runs
+    start_made: frozenset[str]  # paths the sandbox's start adds to its image's files (not a command's work)
 
     def limits(self, limits: dict, *, network: bool | None, checkpoint: "Checkpoint | None") -> dict:
         """A new sandbox's limits (`limits`: the defaults or its checkpoint's, with what was asked),

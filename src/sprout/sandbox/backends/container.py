@@ -25,6 +25,10 @@ class ContainerBackend:
     summary = "podman containers"
     host_files = True
     smoke = Smoke()
+    # what podman puts in the rootfs when the container starts (its mount points and init): part of every
+    # sandbox, no command's work
+    start_made = frozenset({"/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/etc/mtab", "/run/.containerenv",
+                            "/run/podman-init", trust.CONTAINER_BUNDLE})
 
     def limits(self, limits: dict, *, network: bool | None, checkpoint: "Checkpoint | None") -> dict:
         return limits

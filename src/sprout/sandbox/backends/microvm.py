@@ -214,6 +214,7 @@ class MicroVMBackend:
     name = "microvm"
     summary = "QEMU microVMs, each with its own kernel"
     host_files = False
+    start_made: frozenset[str] = frozenset()  # its files are inside its disk: no host-side diff
 
     @property
     def smoke(self) -> Smoke:
