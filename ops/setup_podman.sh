@@ -7,7 +7,8 @@
 #                kernel, taken out of Debian's kernel package into the store (no boot kernel is installed
 #                on the host); or SPROUT_MICROVM=1
 #     --dev      also what only Sprout's own tests need: its test tools in the venv and Debian's
-#                docker-registry (the tests start their own registries); .ci/run passes it
+#                docker-registry (the tests start their own registries) and chromium (the viewer is
+#                tested in it); .ci/run passes it
 #
 #   SPROUT_STORE       btrfs store directory      (default ~/sprout-btrfs)
 #   SPROUT_STORE_SIZE  size of its sparse loop file when the path is not on btrfs (default 40G)
@@ -45,7 +46,7 @@ APT_PACKAGES=(podman btrfs-progs runc mmdebstrap uidmap containernetworking-plug
 # the microVM backend: QEMU, busybox for the guest, a compiler for its agent, ext4 and initramfs tools
 MICROVM_PACKAGES=(qemu-system-x86 busybox-static gcc libc6-dev e2fsprogs cpio)
 [ "$MICROVM" = 1 ] && APT_PACKAGES+=("${MICROVM_PACKAGES[@]}")
-[ "$DEV" = 1 ] && APT_PACKAGES+=(docker-registry)
+[ "$DEV" = 1 ] && APT_PACKAGES+=(docker-registry chromium)  # chromium: the viewer's browser tests
 
 [[ "$STORE_MIN_FREE_GB" =~ ^[0-9]+$ ]] || die "SPROUT_STORE_MIN_FREE_GB=$STORE_MIN_FREE_GB: give whole GiB, e.g. 10"
 [ "$(id -u)" = 0 ] || die "run as root (podman over a btrfs loop store needs it; see README: rootless)"

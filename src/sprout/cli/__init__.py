@@ -36,10 +36,12 @@ def adders() -> list[Callable[[argparse._SubParsersAction], None]]:
         sandbox,
         services,
         swe_rebench,
+        view,
         worker,
     )
 
-    return [doctor.add, agent.add, sandbox.add, sandbox.add_checkpoint, datasets.add, evaluation.add, report.add, services.add, worker.add,
+    return [doctor.add, agent.add, sandbox.add, sandbox.add_checkpoint, datasets.add, evaluation.add, report.add,
+            view.add, services.add, worker.add,
             runstore.add, rl_driver.add, swe_rebench.add, agent.add_tools]
 
 
