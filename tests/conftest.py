@@ -93,9 +93,14 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     """After the session, removes the images it made, in the store and in podman: task environments
     built from tests' Dockerfiles and images pulled from the session's registry are new in every run
     (~300 MB each), and a host that runs the suite daily would otherwise fill its store. The suite is
-    taken to have the host to itself (as in CI): an image another process made meanwhile goes too.
-    (The workers' stores go whole, with what is in them: see `worker_store`.)"""
+    taken to have the host to itself (as in CI), so while another session runs (its worker stores say so)
+    nothing is removed: its images would be among the new ones. (The workers' stores go whole, with what is
+    in them: see `worker_store`.)"""
     if os.environ.get("PYTEST_XDIST_WORKER") or _IMAGES_BEFORE not in session.config.stash:
+        return
+    others = {s.name.split("-")[1] for s in (default_root() / "test-stores").glob("xdist-*")} - {str(os.getpid())}
+    if any(_running(pid) for pid in others):
+        print("\nanother test session is running: the images made meanwhile are left in place")
         return
     images_before, podman_before = session.config.stash[_IMAGES_BEFORE]
     store = Store()

@@ -193,3 +193,36 @@ def test_a_benchmark_shows_its_table_and_the_tasks_solved_against_turns_spent(be
         shots = Path(os.environ.get("SPROUT_VIEW_SCREENSHOTS", tmp_path))
         open_page(browser, f"{url}/#/")
         browser.screenshot(shots / "view-benchmark.png")
+
+
+def test_harbors_own_scanner_and_viewer_read_the_runs(benchmark):
+    """The evaluations are Harbor jobs too: Harbor 0.22's JobScanner and its viewer app (harbor view) list the
+    jobs, their trials with rewards, and each trajectory in ATIF, a branch's with its parent's turns copied."""
+    from harbor.models.trajectories import Trajectory
+    from harbor.viewer.scanner import JobScanner
+    from harbor.viewer.server import create_app
+
+    scanner = JobScanner(benchmark)
+    assert {"py-bugfix-sprout", "py-bugfix-restarts"} <= set(scanner.list_jobs())
+    assert scanner.get_job_config("py-bugfix-sprout").agents[0].model_name == "scripted"
+    result = scanner.get_job_result("py-bugfix-sprout")
+    assert result.n_total_trials == 2 and result.stats.n_completed_trials == 2
+    assert scanner.list_trials("py-bugfix-sprout") == ["a1", "r1b1"]
+    rewards = {t: scanner.get_trial_result("py-bugfix-sprout", t).verifier_result.rewards for t in ("a1", "r1b1")}
+    assert rewards == {"a1": {"reward": 0.0}, "r1b1": {"reward": 1.0}}
+
+    client = TestClient(create_app(benchmark))
+    jobs = client.get("/api/jobs").json()["items"]
+    sprout = next(j for j in jobs if j["name"] == "py-bugfix-sprout")
+    assert sprout["n_total_trials"] == 2 and sprout["agents"] == ["sprout"]
+    trials = client.get("/api/jobs/py-bugfix-sprout/trials").json()["items"]
+    assert sorted((t["name"], t["reward"]) for t in trials) == [("a1", 0.0), ("r1b1", 1.0)]
+    first = Trajectory.model_validate(client.get("/api/jobs/py-bugfix-sprout/trials/a1/trajectory").json())
+    assert [s.source for s in first.steps] == ["system", "user", "agent", "agent", "agent", "agent"]
+    assert first.steps[4].tool_calls[0].arguments == {"command": "sed -i 's/return a - b/return a * b/' /app/calc.py"}
+    assert first.steps[4].extra["changes"] == "0 added, 1 changed, 0 removed: M /app/calc.py (content)"
+    branch = Trajectory.model_validate(client.get("/api/jobs/py-bugfix-sprout/trials/r1b1/trajectory").json())
+    assert [(s.source, bool(s.is_copied_context)) for s in branch.steps] == [
+        ("system", False), ("user", False), ("agent", True), ("agent", True), ("user", False), ("agent", False),
+        ("agent", False)]
+    assert branch.steps[4].message == "add() must return the sum"

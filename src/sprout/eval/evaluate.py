@@ -49,6 +49,7 @@ from ..sandbox.slots import host_slot_count
 from ..tasks import TaskImage, ensure_image, load_task
 from ..tasks.pull import PullPolicy
 from .executor import AgentConfig, TaskExecutor
+from .harbor_job import write_harbor_job
 from .provenance import Pinning, SourceState, check_pinning, check_source
 from .regrade import regrade_attempts
 from .summary import SUMMARY, EvaluationConfig, EvaluationSummary, ImageInfo, read_summary, write_summary
@@ -189,6 +190,7 @@ def evaluate(config: EvaluateConfig, *, out: Console = console) -> EvaluationSum
     result = _run_method(run, executor, summary)
     if config.regrade:
         _regrade(run, summary, out)
+    _write_harbor_job(config, summary, out)
     if not config.keep_checkpoints:
         release(run.store, [config.output / a.journal for a in summary.attempts if not a.cancelled])
     colour = "green" if result.solved_by else "yellow"
@@ -199,6 +201,15 @@ def evaluate(config: EvaluateConfig, *, out: Console = console) -> EvaluationSum
               + f" · {summary.wall_s:.1f}s", markup=True)
     out.print(f"  view: sprout report task {config.output}", markup=False)
     return summary
+
+
+def _write_harbor_job(config: EvaluateConfig, summary: EvaluationSummary, out: Console) -> None:
+    """The output directory as a Harbor job too (sprout.eval.harbor_job); a failure there is a warning, never
+    the evaluation's end."""
+    try:
+        write_harbor_job(config.output, summary, config.task_dir)
+    except (ValueError, OSError) as e:  # pydantic's ValidationError is a ValueError
+        out.print(f"warning: the Harbor job files were not written: {' '.join(str(e).split())[:300]}", markup=False)
 
 
 def _regrade(run: _Run, summary: EvaluationSummary, out: Console) -> None:
@@ -297,6 +308,7 @@ def _executor(run: _Run, image: TaskImage, jobs: Jobs, summary: EvaluationSummar
         summary.refresh()
         summary.wall_s = round(base_wall + time.monotonic() - session_start, 3)
         write_summary(config.output, summary)
+        _write_harbor_job(config, summary, out)
 
     executor = TaskExecutor(
         store=run.store, jobs=jobs, task=run.task, image=image, reviewer=reviewer, out=config.output,
