@@ -10,7 +10,10 @@ import sys
 
 import pytest
 
+from sprout.report.view import Runs
+from sprout.report.viewer import write_static
 from sprout.sandbox import Store
+from sprout.testing.browser import Browser
 from sprout.testing.scripted_model import ScriptedModelServer
 from tests.conftest import REPO, RUNTIME_BIN, free_port
 from tests.rl_driver.test_driver import (
@@ -202,6 +205,34 @@ def test_ff_gives_the_fixture_shape_students_and_repairs_from_checkpoints(tasks,
     if os.environ.get("SPROUT_WRITE_EXAMPLES"):  # how the shipped example is made: from this real run
         SEARCH_EXAMPLE.write_text(json.dumps(result, indent=2) + "\n")
     assert shape(json.loads(SEARCH_EXAMPLE.read_text())) == shape(result)  # the example is what a run gives
+    assert_the_viewer_draws_the_search_tree(tmp_path, slots)
+
+
+def assert_the_viewer_draws_the_search_tree(tmp_path, slots: dict[int, dict]) -> None:
+    """`sprout view` over the driver's data directory: the group's tree from its slots' journals and grades
+    (kinds, where each branch came from, inserted turns, rewards, the outcome), on the page too."""
+    tree = Runs([tmp_path / "data"]).group(0)
+    assert tree.outcome == "FF" and len(tree.reviews) == 2 and tree.problems == []
+    seen = {int(s.slot.removeprefix("slot-")): s for s in tree.slots}
+    assert sorted(seen) == sorted(slots)
+    for index, slot in seen.items():
+        kind = slots[index]["metadata"]["search"]["kind"]
+        assert (slot.kind, slot.reward) == (kind, slots[index]["reward"])
+        assert slot.inserted_turns == ([3] if kind == "repair" else [])
+        assert (slot.parent, slot.from_turn) == ((None, None) if kind == "root" else (
+            next(f"slot-{i}" for i, t in slots.items() if t["branch_id"] == slots[index]["parent_branch_id"]), 2))
+    page = tmp_path / "group.html"
+    write_static(Runs([tmp_path / "data"]), page)
+    with Browser() as browser:
+        browser.goto(f"file://{page}#/g/0")
+        browser.wait_for("document.body.dataset.ready === '#/g/0'")
+        assert browser.evaluate("document.querySelectorAll('[data-slot]').length") == 14
+        assert browser.evaluate("document.querySelectorAll('.node.repair').length") == 8
+        assert browser.evaluate("document.querySelector('main p').textContent").startswith("outcome FF · 2 roots")
+        repair = next(s.slot for s in tree.slots if s.kind == "repair")
+        browser.goto(f"file://{page}#/g/0/s/{repair}")
+        browser.wait_for(f"document.body.dataset.ready === '#/g/0/s/{repair}'")
+        assert "(inserted by the reviewer)" in browser.evaluate("document.querySelector('#turn-3 h3').textContent")
 
 
 def test_tf_and_ff_partial_branch_students_from_the_failed_roots_only(tasks, tmp_path):

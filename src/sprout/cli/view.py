@@ -39,11 +39,13 @@ def _loopback(host: str) -> bool:
 def add(sub: argparse._SubParsersAction) -> None:
     text = ("The attempt tree of each evaluation (rounds, the checkpoint each branch came from, the review's chosen "
             "turns and notes, rewards, cancelled siblings), each attempt turn by turn with what the turn changed on "
-            "disk, and for a benchmark directory a table of tasks and the tasks solved against turns spent per method. "
+            "disk, and for a benchmark directory a table of tasks and the tasks solved against turns spent per method; "
+            "an RL group's search tree (roots, students, repairs with their inserted turns, rewards, the outcome). "
             "A live run is followed as it is written.")
     s = sub.add_parser("view", help="the runs' attempt trees and trajectories in a browser", description=text)
     s.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR",
-                   help="an evaluation's output directory, or a benchmark's (its evaluations in subdirectories)")
+                   help="an evaluation's output directory, a benchmark's (its evaluations in subdirectories), an RL "
+                        "group's directory or the RL driver's data directory (its groups)")
     s.add_argument("--host", default="127.0.0.1", help="the address to serve on (default 127.0.0.1: this host only)")
     s.add_argument("--port", type=int, default=8765, help="the port (default 8765)")
     s.add_argument("--html", type=Path, metavar="OUT",

@@ -7,13 +7,12 @@ too) and refused when it lands outside its run directory. Every API path is also
 (`pages`), which embeds the same JSON.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from ..agent.journal import Journal, read_journal
+from ..agent.runner import INSERTED
 from ..errors import SproutError
 from ..eval.benchmark import METHODS
 from ..eval.results import method_rows
@@ -22,12 +21,10 @@ from ..method.budget import equal_budget
 from ..method.records import AttemptRecord
 from ..sandbox import Store
 from ..sandbox.diff import ChangeSummary, CheckpointDiff
+from .run_files import View, inside
+from .search_tree import GroupView, is_group, read_group, slot_journal
 
 OBSERVATION_CAP = 20_000  # characters of a turn's output sent to the page
-
-
-class View(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class EvaluationEntry(View):
@@ -49,9 +46,16 @@ class BenchmarkEntry(View):
     pass_at: dict[str, dict[int, float]]  # method -> budget in turns -> share of tasks solved
 
 
+class GroupEntry(View):
+    id: int
+    name: str
+    slots: int
+
+
 class Index(View):
     evaluations: list[EvaluationEntry]
     benchmarks: list[BenchmarkEntry]
+    groups: list[GroupEntry]  # RL groups (sprout.report.search_tree)
     problems: list[str]  # directories that are not runs (one line each)
 
 
@@ -70,6 +74,7 @@ class TurnView(View):
     exit_code: int | None
     changes: ChangeSummary | None
     note_before: str | None = None  # what the agent was told just before it (a branch's first turn)
+    inserted: bool = False  # written by a reviewer (an RL search repair), executed, no model call
 
 
 class TrajectoryView(View):
@@ -93,10 +98,11 @@ class Runs:
     def __init__(self, directories: list[Path]):
         self.evaluations: list[Path] = []
         self.benchmarks: list[tuple[Path, list[int]]] = []
+        self.groups: list[Path] = []
         self.problems: list[str] = []
         for directory in directories:
             self._add(Path(directory))
-        if not self.evaluations:
+        if not self.evaluations and not self.groups:
             raise SproutError("nothing to view: " + ("; ".join(self.problems) or "no directories given"))
 
     def _add(self, directory: Path) -> None:
@@ -108,8 +114,13 @@ class Runs:
             first = len(self.evaluations)
             self.evaluations += children
             self.benchmarks.append((directory, list(range(first, len(self.evaluations)))))
+        elif is_group(directory):
+            self.groups.append(directory)
+        elif groups := sorted(d for d in [*directory.glob("*"), *directory.glob("groups/*")] if is_group(d)):
+            self.groups += groups  # an RL driver's data directory, or its groups/
         else:
-            self.problems.append(f"{directory} is not a Sprout run (no {SUMMARY} in it or its subdirectories)")
+            self.problems.append(f"{directory} is not a Sprout run (no {SUMMARY} in it or its subdirectories, "
+                                 "and no RL group's slot-*/journal.jsonl)")
 
     def summary(self, number: int) -> EvaluationSummary:
         if not 0 <= number < len(self.evaluations):
@@ -139,7 +150,23 @@ class Runs:
                                              methods=[r.method for r in rows],
                                              budgets={r.method: r.budget_turns for r in rows},
                                              pass_at={r.method: r.pass_at for r in rows}))
-        return Index(evaluations=entries, benchmarks=benchmarks, problems=problems)
+        groups = [GroupEntry(id=n, name=d.name, slots=len(list(d.glob("slot-*")))) for n, d in enumerate(self.groups)]
+        return Index(evaluations=entries, benchmarks=benchmarks, groups=groups, problems=problems)
+
+    def _group_dir(self, number: int) -> Path:
+        if not 0 <= number < len(self.groups):
+            raise SproutError(f"no group {number}")
+        return self.groups[number]
+
+    def group(self, number: int) -> GroupView:
+        return read_group(number, self._group_dir(number))
+
+    def slot_trajectory(self, number: int, slot: str) -> TrajectoryView:
+        path = slot_journal(self._group_dir(number), slot)
+        return trajectory_of(slot, f"{slot}/{path.name}", read_journal(path))
+
+    def slot_turn_diff(self, number: int, slot: str, turn_number: int) -> TurnDiff:
+        return turn_diff_of(read_journal(slot_journal(self._group_dir(number), slot)), turn_number)
 
     def evaluation(self, number: int) -> EvaluationView:
         summary = self.summary(number)
@@ -150,62 +177,43 @@ class Runs:
         attempt = next((a for a in summary.attempts if a.id == attempt_id), None)
         if attempt is None:
             raise SproutError(f"evaluation {number} has no attempt {attempt_id}")
-        return summary, attempt, read_journal(self.inside(number, attempt.journal))
-
-    def inside(self, number: int, relative: str) -> Path:
-        """`relative` in evaluation `number`'s directory, refused when it (or a link on the way) leads outside."""
-        root = self.evaluations[number].resolve()
-        path = (root / relative).resolve()
-        if not path.is_relative_to(root):
-            raise SproutError(f"{relative} is outside the run directory {self.evaluations[number]}: not shown")
-        return path
+        return summary, attempt, read_journal(inside(self.evaluations[number], attempt.journal))
 
     def trajectory(self, number: int, attempt_id: str) -> TrajectoryView:
-        summary, attempt, journal = self._attempt(number, attempt_id)
-        turns = [TurnView(turn=t.turn, checkpoint=t.checkpoint, thought=t.thought, commands=t.commands,
-                          observation=_cap(t.observation), exit_code=t.exit_code, changes=t.changes)
-                 for t in journal.turns]
-        if turns and journal.header.parent is not None and journal.header.parent.note:
-            turns[0].note_before = journal.header.parent.note
-        return TrajectoryView(attempt=attempt.id, journal=attempt.journal, turns=turns,
-                              outcome=journal.outcome.model_dump(mode="json") if journal.outcome else None,
-                              problems=journal.problems)
+        _, attempt, journal = self._attempt(number, attempt_id)
+        return trajectory_of(attempt.id, attempt.journal, journal)
 
     def turn_diff(self, number: int, attempt_id: str, turn_number: int) -> TurnDiff:
-        _, _, journal = self._attempt(number, attempt_id)
-        turn = journal.turn(turn_number)
-        if turn.changes is None or turn.checkpoint is None:
-            return TurnDiff(diff=None, summary=None, reason="this turn's changes were not recorded (a microVM's "
-                                                           "disk, or a journal from before they were)")
-        store_db = Path(journal.header.store) / "state" / "sprout.db"
-        if not store_db.is_file():
-            return TurnDiff(diff=None, summary=turn.changes, reason=f"the store {journal.header.store} is not on "
-                                                                    "this host: the journal's summary only")
-        store = Store(Path(journal.header.store))
-        try:
-            return TurnDiff(diff=store.diff(turn.changes.since, turn.checkpoint), summary=turn.changes)
-        except SproutError as e:
-            return TurnDiff(diff=None, summary=turn.changes, reason=f"{e} (the run's checkpoints are discarded "
-                                                                    "when it ends unless --keep-checkpoints)")
-        finally:
-            store.meta.close()
+        return turn_diff_of(self._attempt(number, attempt_id)[2], turn_number)
 
     def pages(self) -> Iterator[tuple[str, View]]:
         """Every API path and its JSON, for the static page (diffs where the checkpoints still exist)."""
         index = self.index()
         yield "/api/index", index
-        for entry in index.evaluations:
-            view = self.evaluation(entry.id)
-            yield f"/api/evaluations/{entry.id}", view
-            for attempt in self.summary(entry.id).attempts:
-                try:
-                    trajectory = self.trajectory(entry.id, attempt.id)
-                except SproutError:
-                    continue  # the page says the attempt's journal cannot be read
-                yield f"/api/evaluations/{entry.id}/attempts/{attempt.id}", trajectory
-                for turn in trajectory.turns:
-                    yield (f"/api/evaluations/{entry.id}/attempts/{attempt.id}/turns/{turn.turn}/diff",
-                           self.turn_diff(entry.id, attempt.id, turn.turn))
+        for evaluation in index.evaluations:
+            yield f"/api/evaluations/{evaluation.id}", self.evaluation(evaluation.id)
+            for attempt in self.summary(evaluation.id).attempts:
+                yield from self._journal_pages(f"/api/evaluations/{evaluation.id}/attempts/{attempt.id}",
+                                               lambda: self.trajectory(evaluation.id, attempt.id),
+                                               lambda turn: self.turn_diff(evaluation.id, attempt.id, turn))
+        for group in index.groups:
+            view = self.group(group.id)
+            yield f"/api/groups/{group.id}", view
+            for slot in view.slots:
+                yield from self._journal_pages(f"/api/groups/{group.id}/slots/{slot.slot}",
+                                               lambda: self.slot_trajectory(group.id, slot.slot),
+                                               lambda turn: self.slot_turn_diff(group.id, slot.slot, turn))
+
+    @staticmethod
+    def _journal_pages(path: str, trajectory: Callable[[], TrajectoryView],
+                       diff: Callable[[int], TurnDiff]) -> Iterator[tuple[str, View]]:
+        try:
+            view = trajectory()
+        except SproutError:
+            return  # the page says the journal cannot be read
+        yield path, view
+        for turn in view.turns:
+            yield f"{path}/turns/{turn.turn}/diff", diff(turn.turn)
 
 
 def _cap(text: str) -> str:
@@ -213,4 +221,38 @@ def _cap(text: str) -> str:
         return text
     half = OBSERVATION_CAP // 2
     return f"{text[:half]}\n[... {len(text) - 2 * half} characters left out ...]\n{text[-half:]}"
+
+
+def trajectory_of(name: str, journal_name: str, journal: Journal) -> TrajectoryView:
+    """A journal turn by turn, for the page."""
+    turns = [TurnView(turn=t.turn, checkpoint=t.checkpoint, thought=t.thought, commands=t.commands,
+                      observation=_cap(t.observation), exit_code=t.exit_code, changes=t.changes,
+                      inserted=any((m.get("extra") or {}).get(INSERTED) for m in t.new_messages))
+             for t in journal.turns]
+    if turns and journal.header.parent is not None and journal.header.parent.note:
+        turns[0].note_before = journal.header.parent.note
+    return TrajectoryView(attempt=name, journal=journal_name, turns=turns,
+                         outcome=journal.outcome.model_dump(mode="json") if journal.outcome else None,
+                         problems=journal.problems)
+
+
+def turn_diff_of(journal: Journal, turn_number: int) -> TurnDiff:
+    """What a turn changed on disk: the checkpoint diff while its store holds both checkpoints, else the
+    journal's summary and why."""
+    turn = journal.turn(turn_number)
+    if turn.changes is None or turn.checkpoint is None:
+        return TurnDiff(diff=None, summary=None, reason="this turn's changes were not recorded (a microVM's "
+                                                       "disk, or a journal from before they were)")
+    store_db = Path(journal.header.store) / "state" / "sprout.db"
+    if not store_db.is_file():
+        return TurnDiff(diff=None, summary=turn.changes, reason=f"the store {journal.header.store} is not on "
+                                                                "this host: the journal's summary only")
+    store = Store(Path(journal.header.store))
+    try:
+        return TurnDiff(diff=store.diff(turn.changes.since, turn.checkpoint), summary=turn.changes)
+    except SproutError as e:
+        return TurnDiff(diff=None, summary=turn.changes, reason=f"{e} (the run's checkpoints are discarded "
+                                                                "when it ends unless --keep-checkpoints)")
+    finally:
+        store.meta.close()
 

@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from ..errors import SproutError
+from .search_tree import GroupView
 from .view import EvaluationView, Index, Runs, TrajectoryView, TurnDiff
 
 # The page loads nothing from elsewhere and runs only its own inline script.
@@ -67,6 +68,18 @@ def app(runs: Runs) -> FastAPI:
     @api.get("/api/evaluations/{number}/attempts/{attempt}/turns/{turn}/diff")
     def turn_diff(number: int, attempt: str, turn: int) -> TurnDiff:
         return runs.turn_diff(number, attempt, turn)
+
+    @api.get("/api/groups/{number}")
+    def group(number: int) -> GroupView:
+        return runs.group(number)
+
+    @api.get("/api/groups/{number}/slots/{slot}")
+    def slot(number: int, slot: str) -> TrajectoryView:
+        return runs.slot_trajectory(number, slot)
+
+    @api.get("/api/groups/{number}/slots/{slot}/turns/{turn}/diff")
+    def slot_turn_diff(number: int, slot: str, turn: int) -> TurnDiff:
+        return runs.slot_turn_diff(number, slot, turn)
 
     return api
 
