@@ -1,5 +1,6 @@
-"""What `sprout view` shows, as JSON: the runs it was given (evaluations, and benchmarks of them), each
-evaluation's attempt tree, each attempt's trajectory turn by turn, and what a turn changed on disk.
+"""What `sprout view` shows, as JSON: the runs it was given (evaluations, benchmarks of them, and RL groups,
+sprout.report.search_tree), each evaluation's attempt tree, each attempt's or slot's trajectory turn by turn,
+and what a turn changed on disk.
 
 Everything is read anew on each request, so a run still being written is followed as it grows. Files are
 only read inside the directories given: a journal or verifier path a summary names is resolved (links
@@ -92,8 +93,9 @@ class TurnDiff(View):
 
 
 class Runs:
-    """The run directories given to `sprout view`: evaluations (a summary.json) and benchmarks (directories
-    of them), numbered in the order given."""
+    """The run directories given to `sprout view`: evaluations (a summary.json), benchmarks (directories of
+    them) and RL groups (a group's directory, or a driver's data directory of them), numbered in the order
+    given."""
 
     def __init__(self, directories: list[Path]):
         self.evaluations: list[Path] = []
