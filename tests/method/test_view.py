@@ -7,12 +7,16 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from sprout.errors import SproutError
+from sprout.eval.summary import read_summary
 from sprout.jobs.journals import release
 from sprout.report.view import Runs
 from sprout.report.viewer import app
@@ -20,7 +24,8 @@ from sprout.sandbox import Store
 from sprout.testing.browser import Browser
 from sprout.testing.scripted_model import ScriptedModelServer
 from tests.conftest import REPO, free_port, wait_healthy
-from tests.method.conftest import SUBMIT, evaluate_args, run_module
+from tests.method.conftest import KEY_ENV, SUBMIT, evaluate_args, run_module
+from tests.services.test_services import services
 
 MARKUP = '<script>document.title="pwned"</script><img src=x onerror="document.title=document.URL">'
 FIRST = [
@@ -60,10 +65,11 @@ def benchmark(dataset, evaluation):
     return bench
 
 
-def serve(*directories: Path):
+def serve(*directories: Path, env: dict | None = None):
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "sprout", "view", *map(str, directories), "--port", str(port)],
-                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, process)
@@ -226,3 +232,77 @@ def test_harbors_own_scanner_and_viewer_read_the_runs(benchmark):
         ("system", False), ("user", False), ("agent", True), ("agent", True), ("user", False), ("agent", False),
         ("agent", False)]
     assert branch.steps[4].message == "add() must return the sum"
+
+
+def test_a_live_evaluation_over_a_run_store_is_followed_through_its_event_stream(dataset, outputs, browser, tmp_path):
+    """The page of an evaluation that runs over a Run Store (services up: the API and a worker) follows it
+    through the Run Store's events of its group: the branch appears and the run ends on the page as first
+    loaded, never reloaded."""
+    config, out = tmp_path / "cfg", tmp_path / "live"
+    outputs.append(out)
+    assert services(config, "init", "--port", str(free_port()), "--slots", "2").returncode == 0
+    up = services(config, "up", "runstore-api", "runstore-worker", env={KEY_ENV: "sk-do-not-record"})
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        exports = dict(item.split("=", 1) for item in services(config, "env").stdout.split()[1:])
+        with ScriptedModelServer([{"content": json.dumps(REVIEW)}]) as reviewer, \
+                ScriptedModelServer(FIRST + BRANCH, delay_s=1.5) as agent:
+            args = evaluate_args(dataset, out, agent.base_url, "--review-endpoint", reviewer.base_url)
+            del args[args.index("--model-key-env"):args.index("--model-key-env") + 2]  # plain URLs, no key
+            running = subprocess.Popen([sys.executable, "-m", "sprout.eval.evaluate", *args], cwd=REPO, text=True,
+                                       env={**os.environ, **exports}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            try:
+                group = wait_for_group(out, running)
+                for url in serve(out, env=exports):
+                    open_page(browser, f"{url}/#/e/0")
+                    assert browser.evaluate("document.querySelector('main p').textContent").startswith("running")
+                    browser.evaluate("window.loadedOnce = true")
+                    assert browser.wait_for("document.body.dataset.following") == f"following Run Store group {group}"
+                    ended = browser.wait_for("document.querySelector('main p').textContent.startsWith('solved') && "
+                                             "[...document.querySelectorAll('[data-attempt]')].map(n => n.dataset.attempt)",
+                                             timeout_s=120)
+                    assert ended == ["a1", "r1b1"] and browser.evaluate("window.loadedOnce") is True
+                assert running.wait(60) == 0, running.stdout.read() if running.stdout else ""
+            finally:
+                running.kill()
+                running.wait()
+    finally:
+        services(config, "down")
+
+
+def wait_for_group(out: Path, running: subprocess.Popen) -> str:
+    """The Run Store group of the evaluation writing `out`, once its summary names it."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and running.poll() is None:
+        try:
+            if group := read_summary(out).runstore_group:
+                return group
+        except SproutError:
+            pass  # not written yet
+        time.sleep(0.2)
+    raise AssertionError(f"no Run Store group in {out}: {running.stdout.read() if running.stdout else ''}")
+
+
+def test_a_live_rl_groups_events_say_when_it_moved_and_when_it_ended(evaluation, tmp_path):
+    """An RL group is followed through its files: a grade written is a change, the driver's status.json the
+    end (here a group made of the evaluation's first attempt as its one slot)."""
+    group = tmp_path / "groups" / "g-1"
+    (group / "slot-11").mkdir(parents=True)
+    shutil.copy(evaluation / "attempts" / "a1.jsonl", group / "slot-11" / "journal.jsonl")
+
+    def driver() -> None:
+        time.sleep(1.0)
+        (group / "slot-11" / "grade.json").write_text(json.dumps({"reward": 0.0, "verdict": "fail"}))
+        time.sleep(1.0)
+        (group / "status.json").write_text(json.dumps({"status": "completed", "reason": None}))
+
+    writer = threading.Thread(target=driver)
+    writer.start()
+    client = TestClient(app(Runs([tmp_path / "groups"])))
+    with client.stream("GET", "/api/groups/0/events") as events:
+        assert events.headers["content-type"].startswith("text/event-stream")
+        kinds = [line.removeprefix("event: ") for line in events.iter_lines() if line.startswith("event: ")]
+    writer.join()
+    assert kinds == ["change", "change", "end"]  # the grade, status.json (a file of the group too), the end
+    assert client.get("/api/groups/0").json()["status"] == "completed"
+    assert client.get("/api/groups/1/events").json() == {"detail": "no group 1"}

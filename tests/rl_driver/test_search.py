@@ -213,12 +213,15 @@ def assert_the_viewer_draws_the_search_tree(tmp_path, slots: dict[int, dict]) ->
     (kinds, where each branch came from, inserted turns, rewards, the outcome), on the page too."""
     tree = Runs([tmp_path / "data"]).group(0)
     assert tree.outcome == "FF" and len(tree.reviews) == 2 and tree.problems == []
+    assert (tree.status, tree.reason) == ("completed", None)
     seen = {int(s.slot.removeprefix("slot-")): s for s in tree.slots}
     assert sorted(seen) == sorted(slots)
     for index, slot in seen.items():
         kind = slots[index]["metadata"]["search"]["kind"]
         assert (slot.kind, slot.reward) == (kind, slots[index]["reward"])
         assert slot.inserted_turns == ([3] if kind == "repair" else [])
+        assert slot.label == slots[index]["group"]
+        assert slot.leak_terms == slots[index]["metadata"]["search"].get("leak_terms")
         assert (slot.parent, slot.from_turn) == ((None, None) if kind == "root" else (
             next(f"slot-{i}" for i, t in slots.items() if t["branch_id"] == slots[index]["parent_branch_id"]), 2))
     page = tmp_path / "group.html"
@@ -228,7 +231,9 @@ def assert_the_viewer_draws_the_search_tree(tmp_path, slots: dict[int, dict]) ->
         browser.wait_for("document.body.dataset.ready === '#/g/0'")
         assert browser.evaluate("document.querySelectorAll('[data-slot]').length") == 14
         assert browser.evaluate("document.querySelectorAll('.node.repair').length") == 8
-        assert browser.evaluate("document.querySelector('main p').textContent").startswith("outcome FF · 2 roots")
+        leaks = browser.evaluate("[...document.querySelectorAll('.leak')].map(n => n.textContent)")
+        assert leaks == ["leak terms: test_calc.py, tests/test_calc.py"] * 2
+        assert browser.evaluate("document.querySelector('main p').textContent").startswith("completed · outcome FF · 2 roots")
         repair = next(s.slot for s in tree.slots if s.kind == "repair")
         browser.goto(f"file://{page}#/g/0/s/{repair}")
         browser.wait_for(f"document.body.dataset.ready === '#/g/0/s/{repair}'")

@@ -64,6 +64,27 @@ def test_gate_over_the_fixtures(tmp_path):
     on_debian = ["shell-count"]  # docker_image debian:bookworm
     assert summary["stand_in_tasks"] == sorted(on_python * stand_in(PYTHON_IMAGE) + on_debian * stand_in(DEBIAN_IMAGE))
     assert (out / "reward-json" / "oracle" / "verifier" / "reward.json").exists()
+    assert_harbor_reads_the_gate(out)
+
+
+def assert_harbor_reads_the_gate(out):
+    """The gate is a Harbor job too: Harbor's own scanner lists it, a trial per task and attempt with its
+    reward (or the task's error), and the verifier's files beside each trial."""
+    from harbor.viewer.scanner import JobScanner
+
+    scanner = JobScanner(out / "harbor")
+    assert scanner.list_jobs() == ["gate"]
+    assert {a.name for a in scanner.get_job_config("gate").agents} == {"oracle", "nop"}
+    assert scanner.get_job_result("gate").n_total_trials == 2 * len(EXPECTED)
+    assert scanner.list_trials("gate") == sorted(f"{task}__{agent}" for task in EXPECTED for agent in ("oracle", "nop"))
+    for task, (_, oracle, nop) in EXPECTED.items():
+        for agent, expected in (("oracle", oracle), ("nop", nop)):
+            trial = scanner.get_trial_result("gate", f"{task}__{agent}")
+            assert trial.agent_info.name == agent and trial.task_name == task
+            assert (trial.verifier_result.rewards["reward"] if trial.verifier_result else None) == expected, trial
+    malformed = scanner.get_trial_result("gate", "malformed-toml__oracle").exception_info
+    assert malformed.exception_message.startswith("task malformed-toml: task.toml is not valid TOML")
+    assert "2 passed" in (out / "harbor" / "gate" / "py-bugfix__oracle" / "verifier" / "test-stdout.txt").read_text()
 
 
 @pytest.mark.parametrize("args, message, code", [
@@ -148,6 +169,10 @@ def test_trials_find_the_flaky_task_and_give_its_rates(tmp_path):
               for task in ("coin", "py-bugfix") for k in range(1, 5)]
     assert [t["verdict"] for t in trials[:4]].count("pass") == 2 and all(t["verdict"] == "pass" for t in trials[4:])
     assert sum(t["duration_s"] for t in trials) > 1.5 * summary.wall_s  # the trials ran at once
+    harbor = tmp_path / "gate" / "harbor" / "gate"
+    oracle = [json.loads((harbor / f"coin__oracle-{k}" / "result.json").read_text()) for k in range(1, 5)]
+    assert sorted(t["verifier_result"]["rewards"]["reward"] for t in oracle) == [0.0, 0.0, 1.0, 1.0]
+    assert len([d for d in harbor.iterdir() if d.is_dir()]) == 16  # 2 tasks x 4 trials x oracle and nop
 
 
 def flaky_summary(path, *flaky: str, trials: int = 4) -> None:

@@ -289,7 +289,7 @@ def _jobs(run: _Run, image: TaskImage, summary: EvaluationSummary, out: Console)
     group_id = f"eval-{run.pinning.task}-{uuid.uuid4().hex[:8]}"
     jobs = RunStoreJobs(run.client, task_dir=run.config.task_dir, group_id=group_id,
                         affinity_timeout_s=run.config.affinity_timeout, backend=run.config.backend)
-    summary.runstore = run.client.url  # type: ignore[attr-defined]
+    summary.runstore, summary.runstore_group = run.client.url, group_id  # type: ignore[attr-defined]
     out.print(f"  running as Run Store jobs at {summary.runstore} (group {group_id})", markup=False)
     return jobs
 

@@ -7,10 +7,12 @@ verifier/test-stdout.txt, verifier/reward.*) and result.json; OUTPUT/summary.jso
 `trials` K > 1 each task's gate runs K times (concurrently, each trial in a slot of its own or as a Run
 Store job), in OUTPUT/<task>/trial-<k>/, and OUTPUT/<task>/result.json gives the verdict over them: a
 task whose trials disagree is `flaky`, with the share of trials in which its oracle scored 1 and its nop 0.
+OUTPUT/harbor/<name>/ is the same gate as a Harbor job (`harbor view OUTPUT/harbor`; see harbor_job).
 """
 
 import asyncio
 import hashlib
+import logging
 import shutil
 import time
 import uuid
@@ -33,6 +35,7 @@ from ..tasks import load_tasks, task_name
 from ..tasks.dataset import TaskIdsFile, load_task_ids
 from ..tasks.gate import Attempt, TaskGate, combine_trials, gate_task
 from ..tasks.pull import PullPolicy, pull_policy
+from .harbor_job import write_harbor_gate
 from .provenance import FlakyExclusion
 
 
@@ -148,7 +151,25 @@ def run_gate(config: GateConfig, *, progress: Progress | None = None) -> GateSum
                 progress.update(overall, description=f"gate: {len(results)}/{total} done")
     if progress is not None and overall is not None:
         progress.remove_task(overall)
-    return _summary(config, results, task_ids.record if task_ids else None, started_at, time.monotonic() - started)
+    summary = _summary(config, results, task_ids.record if task_ids else None, started_at, time.monotonic() - started)
+    every_trial = [r for r in results if r.task not in trials] + [t for ts in trials.values() for t in ts]
+    task_dirs = {task_name(task): Path(task.task_dir).resolve() for task in tasks.tasks}
+    task_dirs |= {problem.name: (config.tasks_dir / problem.name).resolve() for problem in tasks.problems}
+    _write_harbor_gate(config, every_trial, task_dirs, datetime.fromisoformat(started_at), progress)
+    return summary
+
+
+def _write_harbor_gate(config: GateConfig, trials: list[TaskGate], task_dirs: dict[str, Path],
+                       started_at: datetime, progress: Progress | None) -> None:
+    """The gate as a Harbor job too (OUTPUT/harbor/); a failure there is a warning, never the gate's end."""
+    try:
+        write_harbor_gate(config.output, trials, task_dirs, started_at)
+    except (ValueError, OSError) as e:  # pydantic's ValidationError is a ValueError
+        warning = f"warning: the Harbor job files were not written: {' '.join(str(e).split())[:300]}"
+        if progress is not None:
+            progress.console.print(warning, markup=False)
+        else:
+            logging.getLogger(__name__).warning(warning)
 
 
 def _task_result(trials: list[TaskGate], log_dir: Path) -> TaskGate:

@@ -1,16 +1,23 @@
-"""An evaluation's output directory as a Harbor job, beside Sprout's own files: `config.json` (Harbor's
-JobConfig), `result.json` (its JobResult, with Harbor's own statistics over the trials) and one trial
-directory per attempt (`<attempt>/config.json`, `result.json`, and `agent/trajectory.json` in Harbor's
-trajectory format, ATIF). So `harbor view DIR` lists the evaluations in DIR (a benchmark's directory, or the
-one an evaluation was written into), their trials with rewards, and each trajectory. A branch's trajectory
-starts with its parent's turns up to the branch point, marked as copied context, then the review's note.
+"""Sprout's outputs as Harbor jobs, beside Sprout's own files.
 
-Written with each summary: a trial's files once its attempt is recorded (records are final), the job's
-result each time.
+An evaluation's output directory is a Harbor job: `config.json` (Harbor's JobConfig), `result.json` (its
+JobResult, with Harbor's own statistics over the trials) and one trial directory per attempt
+(`<attempt>/config.json`, `result.json`, and `agent/trajectory.json` in Harbor's trajectory format, ATIF). So
+`harbor view DIR` lists the evaluations in DIR (a benchmark's directory, or the one an evaluation was written
+into), their trials with rewards, and each trajectory. A branch's trajectory starts with its parent's turns
+up to the branch point, marked as copied context, then the review's note. Written with each summary: a
+trial's files once its attempt is recorded (records are final), the job's result each time.
+
+A gate's output directory holds its Harbor job in `harbor/<name>/` (`harbor view OUTPUT/harbor`): agents
+`oracle` and `nop`, a trial `<task>__oracle` and `<task>__nop` per task (`__oracle-<k>` with trials), each
+with the verifier's files of that attempt. It sits one level down because OUTPUT/<task>/result.json is
+Sprout's verdict, which Harbor would take for a trial.
 """
 
+import os
+import shutil
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 from harbor.models.agent.context import AgentContext
@@ -26,7 +33,10 @@ from harbor.models.verifier.result import VerifierResult
 from .. import __version__
 from ..agent.journal import Journal, Turn, read_journal
 from ..errors import SproutError
+from ..files import write_atomic
 from ..method.records import AttemptRecord
+from ..tasks.gate import TaskGate
+from .provenance import task_digest
 from .summary import EvaluationSummary
 
 AGENT = "sprout"  # Harbor's agent name for Sprout's mini-swe-agent rollouts
@@ -36,7 +46,7 @@ def write_harbor_job(out: Path, summary: EvaluationSummary, task_dir: Path) -> N
     agent = AgentConfig(name=AGENT, model_name=summary.config.model)
     config = JobConfig(job_name=out.name, jobs_dir=out.parent, n_attempts=1, agents=[agent],
                        tasks=[TaskConfig(path=task_dir)])
-    _write(out / "config.json", config.model_dump_json(indent=2))
+    write_atomic(out / "config.json", config.model_dump_json(indent=2))
     trials = []
     for attempt in summary.attempts:
         trial_dir = out / attempt.id
@@ -45,26 +55,18 @@ def write_harbor_job(out: Path, summary: EvaluationSummary, task_dir: Path) -> N
             trials.append(TrialResult.model_validate_json(result_path.read_text()))
             continue
         trial = _trial(out, summary, attempt, task_dir, agent)
-        _write(trial_dir / "config.json", trial.config.model_dump_json(indent=2))
+        write_atomic(trial_dir / "config.json", trial.config.model_dump_json(indent=2))
         trajectory = _trajectory(out, summary, attempt)
         if trajectory is not None:
-            _write(trial_dir / "agent" / "trajectory.json", trajectory.model_dump_json(indent=2, exclude_none=True))
-        _write(result_path, trial.model_dump_json(indent=2))
+            write_atomic(trial_dir / "agent" / "trajectory.json", trajectory.model_dump_json(indent=2, exclude_none=True))
+        write_atomic(result_path, trial.model_dump_json(indent=2))
         trials.append(trial)
     running = summary.status == "running"
     result = JobResult(id=uuid.uuid5(uuid.NAMESPACE_URL, out.resolve().as_uri()), started_at=summary.started,
                        updated_at=datetime.now(summary.started.tzinfo), finished_at=None if running else summary.finished,
                        n_total_trials=len(trials), stats=JobStats.from_trial_results(trials, n_total_trials=len(trials)),
                        trial_results=trials)
-    _write(out / "result.json", result.model_dump_json(indent=2))
-
-
-def _write(path: Path, text: str) -> None:
-    """Atomically, so Harbor's viewer never reads half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
-    partial.replace(path)
+    write_atomic(out / "result.json", result.model_dump_json(indent=2))
 
 
 def _trial(out: Path, summary: EvaluationSummary, attempt: AttemptRecord, task_dir: Path,
@@ -129,3 +131,66 @@ def _agent_step(step_id: int, turn: Turn, model: str) -> Step:
                 metrics=Metrics(prompt_tokens=turn.tokens_in, completion_tokens=turn.tokens_out),
                 extra={"sprout_turn": turn.turn, "checkpoint": turn.checkpoint, "exit_code": turn.exit_code,
                        **({"changes": turn.changes.line()} if turn.changes else {})})
+
+
+GATE_AGENTS = ("oracle", "nop")  # Harbor's own names for the reference solution and for doing nothing
+
+
+def write_harbor_gate(output: Path, gates: list[TaskGate], task_dirs: dict[str, Path], started: datetime) -> Path:
+    """The gate's Harbor job, written whole (an earlier gate's is replaced): OUTPUT/harbor/<name>/, a trial
+    per task, attempt and trial of the gate. `gates` are the trials' TaskGates (one per task without trials).
+    Returns the job's directory."""
+    job = output / "harbor" / output.resolve().name
+    shutil.rmtree(job, ignore_errors=True)
+    config = JobConfig(job_name=job.name, jobs_dir=job.parent, n_attempts=1,
+                       agents=[AgentConfig(name=name) for name in GATE_AGENTS],
+                       tasks=[TaskConfig(path=task_dirs[name]) for name in sorted(task_dirs)])
+    write_atomic(job / "config.json", config.model_dump_json(indent=2))
+    digests = {name: task_digest(path) for name, path in task_dirs.items()}
+    trials = [_gate_trial(job, gate, agent, task_dirs[gate.task], digests[gate.task])
+              for gate in sorted(gates, key=lambda g: g.log_dir) for agent in GATE_AGENTS]
+    finished = datetime.now(started.tzinfo)
+    result = JobResult(id=uuid.uuid5(uuid.NAMESPACE_URL, job.resolve().as_uri()), started_at=started,
+                       updated_at=finished, finished_at=finished, n_total_trials=len(trials),
+                       stats=JobStats.from_trial_results(trials, n_total_trials=len(trials)), trial_results=trials)
+    write_atomic(job / "result.json", result.model_dump_json(indent=2))
+    return job
+
+
+def _gate_trial(job: Path, gate: TaskGate, agent: str, task_dir: Path, digest: str) -> TrialResult:
+    """One attempt of a task's gate as a Harbor trial, its verifier's files linked from the gate's logs."""
+    logs = Path(gate.log_dir)
+    trial = logs.name.removeprefix("trial-") if logs.name.startswith("trial-") else ""
+    name = f"{gate.task}__{agent}" + (f"-{trial}" if trial else "")
+    attempt = getattr(gate, agent)
+    _link_files(logs / agent, job / name)
+    grade = attempt.grade if attempt else None
+    error = attempt.error if attempt else gate.reason
+    config = TrialConfig(task=TaskConfig(path=task_dir), trial_name=name, trials_dir=job, agent=AgentConfig(name=agent))
+    result = TrialResult(
+        task_name=gate.task, trial_name=name, trial_uri=(job / name).resolve().as_uri(),
+        task_id=LocalTaskId(path=task_dir), task_checksum=digest, config=config,
+        agent_info=AgentInfo(name=agent, version=__version__),
+        verifier_result=VerifierResult(rewards={"reward": grade.reward, **grade.rewards})
+        if grade and grade.reward is not None else None,
+        exception_info=ExceptionInfo(exception_type="SproutGateError", exception_message=error,
+                                     exception_traceback="", occurred_at=datetime.now(UTC)) if error else None)
+    write_atomic(job / name / "config.json", config.model_dump_json(indent=2))
+    write_atomic(job / name / "result.json", result.model_dump_json(indent=2))
+    return result
+
+
+def _link_files(source: Path, dest: Path) -> None:
+    """The regular files under `source` (agent/, verifier/ of one attempt), hard-linked (copied across
+    filesystems) at the same places under `dest`; links and anything else are left out."""
+    if not source.is_dir():
+        return
+    for path in source.rglob("*"):
+        if path.is_symlink() or not path.is_file():
+            continue
+        target = dest / path.relative_to(source)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path, target)
+        except OSError:
+            shutil.copyfile(path, target)

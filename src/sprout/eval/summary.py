@@ -2,7 +2,6 @@
 
 import hashlib
 import json
-import os
 from datetime import datetime
 from pathlib import Path
 from typing import Literal
@@ -12,6 +11,7 @@ from pydantic import BaseModel, Field, ValidationError
 from .. import __version__
 from ..agent.journal import now
 from ..errors import SproutError
+from ..files import write_atomic
 from ..method.budget import Budget, BudgetBy, cost_to_solve
 from ..method.records import AttemptRecord, ReviewRecord
 from ..method.search import Method
@@ -89,6 +89,7 @@ class EvaluationSummary(BaseModel):
     endpoint_host: str
     review_endpoint_host: str | None
     runstore: str | None = None  # the Run Store whose workers ran the attempts (None: in-process)
+    runstore_group: str | None = None  # the group of its jobs there (this session's), which `sprout view` follows
     host_trust: bool | None = None  # sandboxes got the host's CA bundle and proxy settings (sprout.sandbox.trust)
     sprout_version: str = __version__
     status: Status = "running"
@@ -132,7 +133,4 @@ def read_summary(out: Path) -> EvaluationSummary:
 
 def write_summary(out: Path, summary: EvaluationSummary) -> None:
     """Writes summary.json atomically (a reader never sees half of it)."""
-    path = Path(out) / SUMMARY
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(summary.model_dump_json(indent=2))
-    os.replace(tmp, path)
+    write_atomic(Path(out) / SUMMARY, summary.model_dump_json(indent=2))

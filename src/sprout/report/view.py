@@ -125,9 +125,7 @@ class Runs:
                                  "and no RL group's slot-*/journal.jsonl)")
 
     def summary(self, number: int) -> EvaluationSummary:
-        if not 0 <= number < len(self.evaluations):
-            raise SproutError(f"no evaluation {number}")
-        return read_summary(self.evaluations[number])
+        return read_summary(self.evaluation_dir(number))
 
     def index(self) -> Index:
         entries, problems = [], list(self.problems)
@@ -155,20 +153,25 @@ class Runs:
         groups = [GroupEntry(id=n, name=d.name, slots=len(list(d.glob("slot-*")))) for n, d in enumerate(self.groups)]
         return Index(evaluations=entries, benchmarks=benchmarks, groups=groups, problems=problems)
 
-    def _group_dir(self, number: int) -> Path:
+    def evaluation_dir(self, number: int) -> Path:
+        if not 0 <= number < len(self.evaluations):
+            raise SproutError(f"no evaluation {number}")
+        return self.evaluations[number]
+
+    def group_dir(self, number: int) -> Path:
         if not 0 <= number < len(self.groups):
             raise SproutError(f"no group {number}")
         return self.groups[number]
 
     def group(self, number: int) -> GroupView:
-        return read_group(number, self._group_dir(number))
+        return read_group(number, self.group_dir(number))
 
     def slot_trajectory(self, number: int, slot: str) -> TrajectoryView:
-        path = slot_journal(self._group_dir(number), slot)
+        path = slot_journal(self.group_dir(number), slot)
         return trajectory_of(slot, f"{slot}/{path.name}", read_journal(path))
 
     def slot_turn_diff(self, number: int, slot: str, turn_number: int) -> TurnDiff:
-        return turn_diff_of(read_journal(slot_journal(self._group_dir(number), slot)), turn_number)
+        return turn_diff_of(read_journal(slot_journal(self.group_dir(number), slot)), turn_number)
 
     def evaluation(self, number: int) -> EvaluationView:
         summary = self.summary(number)

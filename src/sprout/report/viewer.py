@@ -6,9 +6,10 @@ from importlib import resources
 from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
 from ..errors import SproutError
+from .follow import follow_evaluation, follow_group
 from .search_tree import GroupView
 from .view import EvaluationView, Index, Runs, TrajectoryView, TurnDiff
 
@@ -68,6 +69,15 @@ def app(runs: Runs) -> FastAPI:
     @api.get("/api/evaluations/{number}/attempts/{attempt}/turns/{turn}/diff")
     def turn_diff(number: int, attempt: str, turn: int) -> TurnDiff:
         return runs.turn_diff(number, attempt, turn)
+
+    @api.get("/api/evaluations/{number}/events")
+    def evaluation_events(number: int) -> StreamingResponse:
+        runs.summary(number)  # a 404 here, not a broken stream
+        return StreamingResponse(follow_evaluation(runs.evaluation_dir(number)), media_type="text/event-stream")
+
+    @api.get("/api/groups/{number}/events")
+    def group_events(number: int) -> StreamingResponse:
+        return StreamingResponse(follow_group(runs.group_dir(number)), media_type="text/event-stream")
 
     @api.get("/api/groups/{number}")
     def group(number: int) -> GroupView:

@@ -13,6 +13,7 @@ their branches), each stopped at its own deadline; sprout.rl_driver.search plans
 """
 
 import hashlib
+import json
 import logging
 import re
 import threading
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from ..agent.models import Endpoint
 from ..errors import SproutError
+from ..files import write_atomic
 from ..method.review import Reviewer
 from ..sandbox import Store
 from .config import DriverConfig, ReviewConfig, ServedTask, served_task
@@ -35,6 +37,8 @@ BUDGET_KEYS = ("model_calls", "tool_calls", "tokens_in", "tokens_out", "sandbox_
 ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 MARGIN, MAX_MARGIN_S = 0.2, 10.0  # a group is finished this share of its finalization (at most 10 s) early
 OUT_OF_TIME = "did not finish within the group's wall time and finalization"
+GROUP_STATUS = "status.json"  # in a group's directory once it ended: its status and reason (for `sprout view`)
+SLOT_SEARCH = "search.json"  # in a search slot's directory: its group label and metadata.search as planned
 STOP_GRACE_S = 15.0  # how long stopped samples get to end before the group is finished without them
 
 
@@ -228,6 +232,8 @@ class Driver:
 
         if stop.is_set():
             return  # the group's time is up: _finish lists it failed
+        if plan.group_label is not None:
+            write_atomic(plan.sample_dir / SLOT_SEARCH, json.dumps({"label": plan.group_label, "search": plan.search}))
         self.ledger.set_slot(plan.group_id, plan.generation, slot_id, state="running")
         try:
             done = self.backend.run(plan, stop, on_job)
@@ -260,6 +266,7 @@ class Driver:
                      f"{request.minimum_returned_samples}" + (f"; {failed[0].slot_id}: {failed[0].failure}"
                                                                if failed else "")
         if self.ledger.set_status(group_id, status, reason, time.time()):
+            write_atomic(self.group_dir(group) / GROUP_STATUS, json.dumps({"status": status, "reason": reason}))
             log.info("group %s %s (%d of %d samples)", group_id, status, done, request.max_samples)
 
     def group_dir(self, group: GroupRow) -> Path:
@@ -273,6 +280,8 @@ class Driver:
             from ..jobs.journals import release
 
             release(self.store, sorted(self.group_dir(group).glob("slot-*/journal.jsonl")))
+        if self.group_dir(group).is_dir() and not (self.group_dir(group) / GROUP_STATUS).exists():  # deleted while live
+            write_atomic(self.group_dir(group) / GROUP_STATUS, json.dumps({"status": "deleted", "reason": None}))
         self.ledger.delete(group.id)
 
 

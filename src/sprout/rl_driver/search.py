@@ -42,6 +42,7 @@ from pydantic import ValidationError
 
 from ..agent.journal import read_journal
 from ..agent.runner import INSERTED, InsertedTurn
+from ..files import write_atomic
 from ..method.records import Repair, ReviewRecord
 from ..method.review import ReviewerRefused, ReviewInput
 from ..method.trajectory import history
@@ -268,10 +269,7 @@ class SearchRun:
             review = self.reviewer.fallback(inp, f"the review failed: {type(e).__name__}: {e}", **names)
         if self._stopping():
             return review  # cut short: not kept, a next driver asks again
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial")
-        partial.write_text(review.model_dump_json(indent=1))
-        partial.replace(path)
+        write_atomic(path, review.model_dump_json(indent=1))
         if review.fallback:
             log.info("group %s: review of %s: %s", self.group.id, source["branch_id"], review.fallback)
         return review
