@@ -327,3 +327,32 @@ def test_the_sandbox_cli_makes_checkpoints_and_branches_of_microvms():
         assert cli("sprout.sandbox", "rm", "--force", branch, sandbox, checkpoint).returncode == 0
     finally:
         cli("sprout.sandbox", "rm", "--force", sandbox)
+
+
+def test_a_checkpoint_diff_of_microvms_reads_their_disks_through_guests(vms):
+    """Two checkpoints of a VM compared through guests booted on their disks (the host never mounts one):
+    a text edit with its unified diff, a file added, one removed, a mode, a link's target, a binary file;
+    against the image, the files the VM's start writes are not the agent's. The checkpoints stay unwritten."""
+    sandbox = new_vm(vms)
+    setup = ("mkdir -p /work && printf 'one\\ntwo\\nthree\\n' > /work/a.txt && echo gone > /work/old.txt && "
+             "ln -s a.txt /work/link && head -c 4096 /dev/urandom > /work/blob && chmod 600 /work/blob")
+    assert sandbox.exec(setup).exit_code == 0
+    first = sandbox.checkpoint(label="before")
+    work = ("sed -i 's/two/TWO/' /work/a.txt && rm /work/old.txt && echo new > /work/new.txt && "
+            "ln -sfn new.txt /work/link && chmod 644 /work/blob && head -c 4096 /dev/urandom > /work/blob2")
+    assert sandbox.exec(work).exit_code == 0
+    second = sandbox.checkpoint(label="after")
+    disks = [(c.path / DISK_FILE).read_bytes() for c in (first, second)]
+    diff = vms.diff(first.id, second.id)
+    assert sorted(c.line() for c in diff.changes) == ["A /work/blob2", "A /work/new.txt", "D /work/old.txt",
+                                                      "M /work/a.txt (content)", "M /work/blob (mode)",
+                                                      "M /work/link (target)"]
+    by_path = {c.path: c for c in diff.changes}
+    assert "-two\n+TWO\n" in by_path["/work/a.txt"].diff and by_path["/work/blob2"].binary
+    assert (by_path["/work/link"].before.target, by_path["/work/link"].after.target) == ("a.txt", "new.txt")
+    assert diff.method == "walk"
+    from_image = vms.diff(sandbox.image.key, first.id, content=False)
+    paths = {c.path for c in from_image.changes}
+    assert {"/work", "/work/a.txt", "/work/old.txt", "/work/link", "/work/blob"} <= paths
+    assert not paths & {"/etc/hostname", "/etc/machine-id"}  # the VM's start wrote them, not a command
+    assert [(c.path / DISK_FILE).read_bytes() for c in (first, second)] == disks  # read, never written

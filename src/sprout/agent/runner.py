@@ -343,7 +343,8 @@ class _TurnRecorder:
 
 def _turn_changes(sandbox: Sandbox, checkpoint: Checkpoint) -> ChangeSummary | None:
     """What the turn changed on disk, from the previous checkpoint (or the image, on a fresh start's first
-    turn). None where the store cannot tell (a microVM's disk) or could not: a summary never fails a turn."""
+    turn). None for a microVM (its disks are read by guests booted for the diff: seconds, so on demand only)
+    or where the store could not tell: a summary never fails a turn."""
     if not checkpoint.has_host_files:
         return None
     try:

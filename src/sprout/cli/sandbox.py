@@ -181,7 +181,8 @@ def add_checkpoint(sub: argparse._SubParsersAction) -> None:
         "Checkpoints of a sandbox's lineage (`sprout sandbox checkpoint` makes one)."))
     commands = group.add_subparsers(dest="checkpoint_command", required=True, metavar="COMMAND")
     text = ("files added (A), changed (M) and removed (D) from BASE to TARGET: type, mode, owner, symlink target "
-            "and content, found by an incremental btrfs send (a walk of both trees where that is not allowed)")
+            "and content, found by an incremental btrfs send (a walk of both trees where that is not allowed; a "
+            "microVM's disks are walked by guests booted on them, some seconds)")
     s = commands.add_parser("diff", help="files added, changed and removed between two checkpoints",
                             description=text)
     flags.add(s, "store", "runtime_bin")

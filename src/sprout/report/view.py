@@ -217,8 +217,9 @@ class Runs:
         except SproutError:
             return  # the page says the journal cannot be read
         yield path, view
-        for turn in view.turns:
-            yield f"{path}/turns/{turn.turn}/diff", diff(turn.turn)
+        for turn in view.turns:  # a microVM's turn (no summary) is diffed on demand only: it boots guests
+            if turn.changes is not None:
+                yield f"{path}/turns/{turn.turn}/diff", diff(turn.turn)
 
 
 def _cap(text: str) -> str:
@@ -243,21 +244,25 @@ def trajectory_of(name: str, journal_name: str, journal: Journal) -> TrajectoryV
 
 def turn_diff_of(journal: Journal, turn_number: int) -> TurnDiff:
     """What a turn changed on disk: the checkpoint diff while its store holds both checkpoints, else the
-    journal's summary and why."""
+    journal's summary and why. A microVM's turns record no summary: their diff is made now, from the store's
+    record of which checkpoint came before."""
     turn = journal.turn(turn_number)
-    if turn.changes is None or turn.checkpoint is None:
-        return TurnDiff(diff=None, summary=None, reason="this turn's changes were not recorded (a microVM's "
-                                                       "disk, or a journal from before they were)")
+    if turn.checkpoint is None:
+        return TurnDiff(diff=None, summary=None, reason="this turn made no checkpoint")
     store_db = Path(journal.header.store) / "state" / "sprout.db"
     if not store_db.is_file():
         return TurnDiff(diff=None, summary=turn.changes, reason=f"the store {journal.header.store} is not on "
                                                                 "this host: the journal's summary only")
     store = Store(Path(journal.header.store))
     try:
-        return TurnDiff(diff=store.diff(turn.changes.since, turn.checkpoint), summary=turn.changes)
+        if turn.changes is not None:
+            base = turn.changes.since
+        else:
+            checkpoint = store.checkpoint(turn.checkpoint)
+            base = checkpoint.parent or checkpoint.image_key
+        return TurnDiff(diff=store.diff(base, turn.checkpoint), summary=turn.changes)
     except SproutError as e:
         return TurnDiff(diff=None, summary=turn.changes, reason=f"{e} (the run's checkpoints are discarded "
                                                                 "when it ends unless --keep-checkpoints)")
     finally:
         store.meta.close()
-

@@ -6,7 +6,11 @@ CAP_SYS_ADMIN, as a rootless user), a walk of both trees gives the candidates in
 metadata differs. Either way each candidate is then compared in the two read-only snapshots (type, mode,
 owner, size, link target, bytes), every path resolved below the snapshot without following a link, so a
 link the agent planted never makes the host read outside the checkpoint. Text files get GNU diff's unified
-diff, run on descriptors opened that way.
+diff of the bytes read that way.
+
+A microVM's checkpoint holds a disk, whose files the host does not read: its trees are read through the
+agent of a VM booted on each disk (sprout.sandbox.microvm.inspect), and walked. Both kinds of tree answer
+the `Tree` protocol, so the comparison is one.
 """
 
 import errno
@@ -14,10 +18,11 @@ import os
 import stat
 import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -99,48 +104,88 @@ class CheckpointDiff(BaseModel):
                              more=max(0, len(self.changes) - SUMMARY_PATHS), since=self.base)
 
 
-def diff_trees(base: Path, target: Path, *, base_name: str, target_name: str, content: bool = True,
-               text_cap: int = TEXT_CAP, walk: bool = False, not_added: frozenset[str] = frozenset()) -> CheckpointDiff:
-    """The changes from the read-only tree `base` to the read-only tree `target` (two subvolumes of one
-    lineage); `content`: with a unified diff of each changed text file under `text_cap` bytes. `walk`:
-    find the candidates by walking both trees even where btrfs could name them. `not_added`: paths whose
-    appearance is not a change (what the sandbox's start put there, against an image)."""
+@dataclass(frozen=True)
+class Entry:
+    """What a tree holds at one path: lstat's fields the comparison looks at, and a link's target."""
+
+    mode: int  # st_mode: the type and the permission bits
+    uid: int
+    gid: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    ino: int
+    target: str | None = None
+
+    def key(self) -> tuple:
+        """What tells an entry changed without reading it (a walk's candidates)."""
+        return self.ino, self.mode, self.uid, self.gid, self.size, self.mtime_ns, self.ctime_ns, self.target
+
+
+class Tree(Protocol):
+    """A read-only snapshot's files, by path relative to its top (bytes, no leading slash)."""
+
+    def lstat(self, rel: bytes) -> Entry | None: ...
+
+    def listdir(self, rel: bytes) -> list[bytes]: ...
+
+    def read(self, rel: bytes, cap: int) -> bytes | None:
+        """The bytes of the regular file `rel`; None when it holds more than `cap`."""
+        ...
+
+    def same_bytes(self, other: "Tree", rel: bytes, size: int) -> bool:
+        """Whether the regular file `rel`, `size` bytes on both sides, holds the same bytes in `other`."""
+        ...
+
+
+def diff_trees(trees: Sequence[Tree], *, base_name: str, target_name: str, subvolumes: Sequence[Path] = (),
+               content: bool = True, text_cap: int = TEXT_CAP, walk: bool = False,
+               start_made: frozenset[str] = frozenset()) -> CheckpointDiff:
+    """The changes from the read-only tree `trees[0]` to `trees[1]` (of one lineage); `content`: with a
+    unified diff of each changed text file under `text_cap` bytes. With the trees' two `subvolumes` on this
+    host, btrfs names the candidates unless `walk`; else both trees are walked. `start_made`: paths whose
+    appearance or change is not the agent's (what the sandbox's start wrote, against an image)."""
     started = time.perf_counter()
-    with ExitStack() as stack:
-        trees = [stack.enter_context(_Tree(path)) for path in (base, target)]
-        method, candidates = _candidates(base, target, trees, walk)
-        changes: dict[bytes, FileChange] = {}
-        for rel in sorted(candidates):
-            if rel not in changes and not rel.startswith(b"/"):
-                changes.update(_compare(trees[0], trees[1], rel, candidates[rel]))
-        changes = {rel: c for rel, c in changes.items() if not (c.change == "added" and c.path in not_added)}
-        if content:
-            for rel, change in changes.items():
-                _add_text_diff(change, rel, trees, text_cap)
+    method, candidates = _candidates(subvolumes, trees, walk)
+    changes: dict[bytes, FileChange] = {}
+    for rel in sorted(candidates):
+        if rel not in changes and not rel.startswith(b"/"):
+            changes.update(_compare(trees[0], trees[1], rel, candidates[rel]))
+    changes = {rel: c for rel, c in changes.items() if not (c.change != "removed" and c.path in start_made)}
+    if content:
+        for rel, change in changes.items():
+            _add_text_diff(change, rel, trees, text_cap)
     return CheckpointDiff(base=base_name, target=target_name, method=method,
                           changes=[changes[rel] for rel in sorted(changes)],
                           elapsed_ms=round((time.perf_counter() - started) * 1000, 2))
 
 
-def _candidates(base: Path, target: Path, trees: list["_Tree"],
+@contextmanager
+def host_trees(subvolumes: Sequence[Path]) -> Iterator[list[Tree]]:
+    """Read-only subvolumes on this host, open as trees."""
+    with ExitStack() as stack:
+        yield [stack.enter_context(HostTree(path)) for path in subvolumes]
+
+
+def _candidates(subvolumes: Sequence[Path], trees: Sequence[Tree],
                 walk: bool) -> tuple[Literal["btrfs-send", "walk"], dict[bytes, bool]]:
     """The paths to compare, each with whether its bytes may differ, and how they were found."""
-    if not walk:
+    if subvolumes and not walk:
         try:
-            return "btrfs-send", btrfs.changed_paths(base, target)
+            return "btrfs-send", btrfs.changed_paths(*subvolumes)
         except OSError as e:  # not allowed to send (rootless), or not two subvolumes of one filesystem
             if e.errno not in (errno.EPERM, errno.EACCES, errno.ENOTTY, errno.EINVAL, errno.EXDEV):
                 raise
     return "walk", dict.fromkeys(_walk_differences(*trees), True)
 
 
-class _Tree:
-    """A read-only snapshot, read below its top without following links."""
+class HostTree:
+    """A read-only snapshot on this host, read below its top without following links."""
 
     def __init__(self, path: Path):
         self.path = path
 
-    def __enter__(self) -> "_Tree":
+    def __enter__(self) -> "HostTree":
         self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         return self
 
@@ -155,36 +200,30 @@ class _Tree:
                 return None  # not there, or behind a link: not this path in this tree
             raise
 
-    def lstat(self, rel: bytes) -> os.stat_result | None:
+    def lstat(self, rel: bytes) -> Entry | None:
         parent, name = _split(rel)
         fd = self.open(parent, os.O_PATH | os.O_DIRECTORY)
         if fd is None:
             return None
         try:
-            return os.stat(name, dir_fd=fd, follow_symlinks=False)
+            info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            target = os.fsdecode(os.readlink(name, dir_fd=fd)) if stat.S_ISLNK(info.st_mode) else None
         except FileNotFoundError:
             return None
         finally:
             os.close(fd)
+        return Entry(mode=info.st_mode, uid=info.st_uid, gid=info.st_gid, size=info.st_size,
+                     mtime_ns=info.st_mtime_ns, ctime_ns=info.st_ctime_ns, ino=info.st_ino, target=target)
 
-    def readlink(self, rel: bytes) -> str:
-        parent, name = _split(rel)
-        fd = self.open(parent, os.O_PATH | os.O_DIRECTORY)
-        assert fd is not None
-        try:
-            return os.fsdecode(os.readlink(name, dir_fd=fd))
-        finally:
-            os.close(fd)
-
-    def read(self, rel: bytes, limit: int) -> bytes:
-        """Up to `limit` bytes of the regular file `rel` (checked regular before this is called)."""
+    def read(self, rel: bytes, cap: int) -> bytes | None:
         fd = self.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        assert fd is not None
+        if fd is None:
+            return b""
         try:
             data = b""
-            while len(data) < limit and (chunk := os.read(fd, min(CHUNK, limit - len(data)))):
+            while len(data) <= cap and (chunk := os.read(fd, min(CHUNK, cap + 1 - len(data)))):
                 data += chunk
-            return data
+            return data if len(data) <= cap else None
         finally:
             os.close(fd)
 
@@ -197,20 +236,34 @@ class _Tree:
         finally:
             os.close(fd)
 
+    def same_bytes(self, other: Tree, rel: bytes, size: int) -> bool:
+        assert isinstance(other, HostTree)
+        left = self.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        right = other.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            if left is None or right is None:
+                return False
+            for _ in range(0, size + 1, CHUNK):
+                if os.read(left, CHUNK) != os.read(right, CHUNK):
+                    return False
+            return True
+        finally:
+            for fd in (left, right):
+                if fd is not None:
+                    os.close(fd)
+
 
 def _split(rel: bytes) -> tuple[bytes, bytes]:
     parent, _, name = rel.rpartition(b"/")
     return parent, name
 
 
-def _node(tree: _Tree, rel: bytes) -> tuple[Node, os.stat_result] | None:
-    info = tree.lstat(rel)
-    if info is None:
+def _node(tree: Tree, rel: bytes) -> Node | None:
+    entry = tree.lstat(rel)
+    if entry is None:
         return None
-    kind = _KINDS.get(stat.S_IFMT(info.st_mode), "file")
-    node = Node(kind=kind, mode=f"{stat.S_IMODE(info.st_mode):04o}", owner=f"{info.st_uid}:{info.st_gid}",
-                size=info.st_size, target=tree.readlink(rel) if kind == "symlink" else None)
-    return node, info
+    return Node(kind=_KINDS.get(stat.S_IFMT(entry.mode), "file"), mode=f"{stat.S_IMODE(entry.mode):04o}",
+                owner=f"{entry.uid}:{entry.gid}", size=entry.size, target=entry.target)
 
 
 def _display(rel: bytes) -> str:
@@ -219,15 +272,14 @@ def _display(rel: bytes) -> str:
     return "/" + "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
-def _compare(base: _Tree, target: _Tree, rel: bytes, data_changed: bool) -> Iterator[tuple[bytes, FileChange]]:
+def _compare(base: Tree, target: Tree, rel: bytes, data_changed: bool) -> Iterator[tuple[bytes, FileChange]]:
     """The changes at `rel` (and below it, where a directory is on one side only)."""
-    before, after = _node(base, rel), _node(target, rel)
-    if before is None and after is None:
+    old, new = _node(base, rel), _node(target, rel)
+    if old is None and new is None:
         return  # a temporary name of the send stream
-    if before is None or after is None:
-        yield from _whole(base, rel, "removed") if after is None else _whole(target, rel, "added")
+    if old is None or new is None:
+        yield from _whole(base, rel, "removed") if new is None else _whole(target, rel, "added")
         return
-    (old, _), (new, _) = before, after
     if old.kind != new.kind:
         yield rel, FileChange(path=_display(rel), change="changed", what=["type"], before=old, after=new)
         yield from _whole(base, rel, "removed", below_only=True)
@@ -240,22 +292,21 @@ def _compare(base: _Tree, target: _Tree, rel: bytes, data_changed: bool) -> Iter
         what.append("owner")
     if old.target != new.target:
         what.append("target")
-    if old.kind == "file" and (old.size != new.size or (data_changed and not _same_bytes(base, target, rel, old.size))):
+    if old.kind == "file" and (old.size != new.size or (data_changed and not base.same_bytes(target, rel, old.size))):
         what.append("content")
     if what:
         yield rel, FileChange(path=_display(rel), change="changed", what=what, before=old, after=new)
 
 
-def _whole(tree: _Tree, rel: bytes, change: Literal["added", "removed"], *,
+def _whole(tree: Tree, rel: bytes, change: Literal["added", "removed"], *,
            below_only: bool = False) -> Iterator[tuple[bytes, FileChange]]:
     """`rel` and, for a directory, everything below it, as added or removed (`below_only`: not `rel` itself)."""
     stack = [rel]
     while stack:
         current = stack.pop()
-        found = _node(tree, current)
-        if found is None:
+        node = _node(tree, current)
+        if node is None:
             continue
-        node = found[0]
         if not (below_only and current == rel):
             yield current, FileChange(path=_display(current), change=change,
                                       **({"after": node} if change == "added" else {"before": node}))
@@ -263,23 +314,7 @@ def _whole(tree: _Tree, rel: bytes, change: Literal["added", "removed"], *,
             stack.extend(current + b"/" + name for name in tree.listdir(current))
 
 
-def _same_bytes(base: _Tree, target: _Tree, rel: bytes, size: int) -> bool:
-    left = base.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    right = target.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        if left is None or right is None:
-            return False
-        for _ in range(0, size + 1, CHUNK):
-            if os.read(left, CHUNK) != os.read(right, CHUNK):
-                return False
-        return True
-    finally:
-        for fd in (left, right):
-            if fd is not None:
-                os.close(fd)
-
-
-def _walk_differences(base: _Tree, target: _Tree) -> Iterator[bytes]:
+def _walk_differences(base: Tree, target: Tree) -> Iterator[bytes]:
     """Every path whose entry differs between the trees (a name on one side only, or another inode,
     type, mode, owner, size, mtime or ctime), descending into directories both trees hold."""
     pending = [b""]
@@ -288,17 +323,15 @@ def _walk_differences(base: _Tree, target: _Tree) -> Iterator[bytes]:
         for name in sorted(set(base.listdir(current)) | set(target.listdir(current))):
             rel = current + b"/" + name if current else name
             old, new = base.lstat(rel), target.lstat(rel)
-            if old is None or new is None or _entry(old) != _entry(new):
+            if old is None or new is None or old.key() != new.key():
                 yield rel
-            if old is not None and new is not None and stat.S_ISDIR(old.st_mode) and stat.S_ISDIR(new.st_mode):
+            if old is not None and new is not None and stat.S_ISDIR(old.mode) and stat.S_ISDIR(new.mode):
                 pending.append(rel)
 
 
-def _entry(info: os.stat_result) -> tuple[int, ...]:
-    return (info.st_ino, info.st_mode, info.st_uid, info.st_gid, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
-def _add_text_diff(change: FileChange, rel: bytes, trees: list[_Tree], text_cap: int) -> None:
+def _add_text_diff(change: FileChange, rel: bytes, trees: Sequence[Tree], text_cap: int) -> None:
     """The unified diff of a text file's bytes (GNU diff's, a few ms even for a rewritten file), or
     `binary` when they are not shown: over the cap, a NUL byte, or not UTF-8."""
     sides = [change.before, change.after]
@@ -307,26 +340,35 @@ def _add_text_diff(change: FileChange, rel: bytes, trees: list[_Tree], text_cap:
     files = [side is not None and side.kind == "file" for side in sides]
     if not any(files):
         return
-    for tree, is_file in zip(trees, files):
-        data = tree.read(rel, text_cap + 1) if is_file else b""
-        if len(data) > text_cap or b"\0" in data or not _utf8(data):
-            change.binary = True
-            return
-    fds = [tree.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK) if is_file else None
-           for tree, is_file in zip(trees, files)]
+    data = [tree.read(rel, text_cap) if is_file else b"" for tree, is_file in zip(trees, files)]
+    if any(d is None or b"\0" in d or not _utf8(d) for d in data):
+        change.binary = True
+        return
+    text = _unified(change.path, *(d if is_file else None for d, is_file in zip(data, files)))
+    change.diff = text if len(text) <= DIFF_CAP else text[:DIFF_CAP] + f"\n... ({len(text) - DIFF_CAP} more characters)\n"
+
+
+def _unified(path: str, before: bytes | None, after: bytes | None) -> str:
+    """GNU diff -u of two byte strings (None: no file on that side), read from memory files."""
+    fds: list[int | None] = []
     try:
-        args = [arg for prefix, fd in zip("ab", fds) for arg in ("--label", f"{prefix}{change.path}" if fd else "/dev/null")]
+        for data in (before, after):
+            fd = None if data is None else os.memfd_create("sprout-diff")
+            if fd is not None and data:
+                os.write(fd, data)
+            fds.append(fd)
+        labels = [arg for prefix, fd in zip("ab", fds)
+                  for arg in ("--label", f"{prefix}{path}" if fd is not None else "/dev/null")]
         inputs = [f"/proc/self/fd/{fd}" if fd is not None else "/dev/null" for fd in fds]
-        done = subprocess.run(["diff", "-u", *args, *inputs], capture_output=True,
+        done = subprocess.run(["diff", "-u", *labels, *inputs], capture_output=True,
                               pass_fds=[fd for fd in fds if fd is not None], timeout=60)
     finally:
         for fd in fds:
             if fd is not None:
                 os.close(fd)
     if done.returncode not in (0, 1):
-        raise StoreError(f"diff of {change.path} failed: {done.stderr.decode(errors='replace').strip()}")
-    text = done.stdout.decode(errors="replace")
-    change.diff = text if len(text) <= DIFF_CAP else text[:DIFF_CAP] + f"\n... ({len(text) - DIFF_CAP} more characters)\n"
+        raise StoreError(f"diff of {path} failed: {done.stderr.decode(errors='replace').strip()}")
+    return done.stdout.decode(errors="replace")
 
 
 def _utf8(data: bytes) -> bool:

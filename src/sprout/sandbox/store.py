@@ -450,21 +450,22 @@ class Store:
     def diff(self, base: str, target: str, *, content: bool = True, walk: bool = False) -> CheckpointDiff:
         """What changed on disk from `base` (a checkpoint, or the image key a lineage began from) to the
         checkpoint `target`: files added, changed and removed (sprout.sandbox.diff); `content` adds a
-        unified diff of each text file under the cap."""
+        unified diff of each text file under the cap. A microVM's checkpoints are read through guests
+        booted on their disks (seconds under emulation), and walked."""
         after = self.checkpoint(target)
-        before_path, before_image = (self.image(base).path, base) if base.startswith("im-") else \
-            (self.checkpoint(base).path, self.checkpoint(base).image_key)
+        before: Checkpoint | Image = self.image(base) if base.startswith("im-") else self.checkpoint(base)
+        before_image = before.key if isinstance(before, Image) else before.image_key
         if before_image != after.image_key:
             raise StoreError(f"{base} and {target} are not of one lineage: they come from the images "
                              f"{before_image} and {after.image_key}")
-        if not after.has_host_files:
-            raise SandboxStateError(f"checkpoint {target} is a microVM's: its files are inside its disk, and "
-                                    "diffing them is not supported yet")
-        for name, path in ((base, before_path), (target, after.path)):
+        for name, path in ((base, before.path), (target, after.path)):
             if not btrfs.is_subvolume(path):
                 raise StoreError(f"{name} is recorded but its subvolume {path} is gone")
-        return diff_trees(before_path, after.path, base_name=base, target_name=target, content=content, walk=walk,
-                          not_added=backends.of_limits(after.limits).start_made if base.startswith("im-") else frozenset())
+        backend = backends.of_limits(after.limits)
+        with backend.file_trees(self, [before, after]) as trees:
+            return diff_trees(trees, base_name=base, target_name=target, content=content, walk=walk,
+                              subvolumes=[before.path, after.path] if after.has_host_files else (),
+                              start_made=backend.start_made if isinstance(before, Image) else frozenset())
 
     def size_of(self, checkpoint: Checkpoint) -> int | None:
         """Bytes held only by this checkpoint (on demand: btrfs quotas stay off for fast snapshots)."""

@@ -9,6 +9,7 @@ job payload and config field that names one takes its names from here, and nothi
 compares a backend's name.
 """
 
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 from pydantic import AfterValidator
 
+from ..diff import Tree
 from ..errors import StoreError
 from ..execution import ExecResult
 from ..files import SandboxFiles
@@ -51,7 +53,7 @@ class SandboxBackend(Protocol):
     name: str
     summary: str  # one line, for help texts
     host_files: bool  # whether the sandbox's files are a host directory (its rootfs) while it runs
-    start_made: frozenset[str]  # paths the sandbox's start adds to its image's files (not a command's work)
+    start_made: frozenset[str]  # paths the sandbox's start adds to its image's files or writes (no command's work)
 
     def limits(self, limits: dict, *, network: bool | None, checkpoint: "Checkpoint | None") -> dict:
         """A new sandbox's limits (`limits`: the defaults or its checkpoint's, with what was asked),
@@ -83,6 +85,11 @@ class SandboxBackend(Protocol):
 
     def files(self, sandbox: "Sandbox") -> AbstractContextManager[SandboxFiles]:
         """The running sandbox's files, for one transfer."""
+        ...
+
+    def file_trees(self, store: "Store", sources: "Sequence[Checkpoint | Image]") -> AbstractContextManager[list[Tree]]:
+        """The files of checkpoints (or of the image a lineage began from), read-only, as the trees a
+        checkpoint diff compares (sprout.sandbox.diff)."""
         ...
 
     def reap(self, store: "Store", sandbox_ids: set[str], dry_run: bool) -> list[str]:

@@ -5,12 +5,13 @@ flushed and snapshotted. Its files are a host directory, reached by resolving ev
 
 import marshal
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import btrfs, confinement, execution, podman, rootfs, runtime, trust, users
+from ..diff import Tree, host_trees
 from ..errors import CommandError, SandboxStateError
 from ..execution import ExecResult
 from ..host_files import HostFiles
@@ -59,6 +60,10 @@ class ContainerBackend:
     def stop(self, sandbox: "Sandbox") -> None:
         podman.remove_container(sandbox.container)
         sandbox.profile_path.unlink(missing_ok=True)
+
+    def file_trees(self, store: "Store", sources: "Sequence[Checkpoint | Image]") -> AbstractContextManager[list[Tree]]:
+        """The subvolumes themselves (a checkpoint's is its rootfs, as an image's is)."""
+        return host_trees([source.path for source in sources])
 
     def running(self, sandbox: "Sandbox") -> bool:
         return profile_of(sandbox) is not None

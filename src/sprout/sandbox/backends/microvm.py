@@ -19,17 +19,19 @@ import re
 import shutil
 import subprocess
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...settings import settings
 from .. import btrfs, podman
 from .. import trust as host_trust
+from ..diff import Tree
 from ..errors import SandboxStateError, StoreError
 from ..execution import ExecResult
 from ..microvm.guest import BUSYBOX, guest_kernel, guest_kit, make_disk
+from ..microvm.inspect import disk_trees
 from ..microvm.transfer import GuestTransfer, refusals
 from ..microvm.vm import QEMU, MicroVM, VMLimits, choose_accel
 from ..trust import CONTAINER_BUNDLE, HostTrust, container_env
@@ -214,7 +216,8 @@ class MicroVMBackend:
     name = "microvm"
     summary = "QEMU microVMs, each with its own kernel"
     host_files = False
-    start_made: frozenset[str] = frozenset()  # its files are inside its disk: no host-side diff
+    # what the VM's start writes on its disk: its identity, the host's CA bundle, the holder's name servers
+    start_made = frozenset({"/etc/hostname", "/etc/machine-id", "/etc/resolv.conf", CONTAINER_BUNDLE})
 
     @property
     def smoke(self) -> Smoke:
@@ -233,6 +236,14 @@ class MicroVMBackend:
 
     def make_subvolume(self, store: "Store", image: "Image", dest: Path) -> None:
         create_subvolume(store.root, image.key, image.path, dest)
+
+    def file_trees(self, store: "Store", sources: "Sequence[Checkpoint | Image]") -> AbstractContextManager[list[Tree]]:
+        """Each disk read by a VM of its own (sprout.sandbox.microvm.inspect): a checkpoint's, or the image's."""
+        from ..store import Checkpoint  # the store imports the backends
+
+        disks = [source.path / DISK_FILE if isinstance(source, Checkpoint) else
+                 image_disk(store.root, source.key, source.path) for source in sources]
+        return disk_trees(guest_kit(store.root), disks, store.root / "state" / "sandboxes", accelerator()[0])
 
     def start(self, store: "Store", sandbox: "Sandbox", *, restart: bool = False) -> None:
         """Boots its disk; the memory of a resumed branch is gone after a restart."""

@@ -23,6 +23,10 @@
  *                      record is a kind (f regular file, d directory, o anything else) and a path relative
  *                      to `path` ("." for itself), NUL-terminated; links are followed, but a link to a
  *                      directory is 'o' and never entered.
+ *                  'N' inventory: path               -> 'l' records..., then 'k'; 'n' when absent. Every entry
+ *                      under `path` on its filesystem, links not followed, as "<st_mode octal> <uid> <gid>
+ *                      <size> <mtime ns> <ctime ns> <inode>" NUL, its path relative to `path` ("." for
+ *                      itself) NUL, a link's target (else nothing) NUL.
  *   guest -> host  '!' "<message>" when a request cannot be served.
  *
  * A command runs in its own session with stdout and stderr merged on one pipe and stdin /dev/null.
@@ -513,13 +517,17 @@ static void get_request(char *payload, uint32_t len) {
 static char records[65536];
 static size_t records_len, list_root_len;
 
-static void record(char kind, const char *relative) {
-    size_t size = strlen(relative) + 2;
+static void append_record(const char *data, size_t size) {
     if (records_len + size > sizeof records) { send_frame('l', records, (uint32_t)records_len); records_len = 0; }
     if (size > sizeof records) return;
-    records[records_len] = kind;
-    memcpy(records + records_len + 1, relative, size - 1);
+    memcpy(records + records_len, data, size);
     records_len += size;
+}
+
+static void record(char kind, const char *relative) {
+    char data[PATH_MAX + 2];
+    int size = snprintf(data, sizeof data, "%c%s", kind, relative);
+    if (size > 0 && (size_t)size < sizeof data) append_record(data, (size_t)size + 1);
 }
 
 static char kind_of(const char *path, const struct stat *lst) {
@@ -550,6 +558,43 @@ static void list_request(char *payload, uint32_t len) {
         list_root_len = strcmp(root, "/") ? strlen(root) : 0;
         nftw(root, list_entry, 32, FTW_PHYS);
     }
+    send_frame('l', records, (uint32_t)records_len);
+    send_text('k', "");
+}
+
+static dev_t inventory_dev;
+
+static int inventory_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    if (flag == FTW_NS || st->st_dev != inventory_dev) return 0;  /* gone meanwhile, or another filesystem */
+    char data[2 * PATH_MAX + 128], target[PATH_MAX] = "";
+    if (S_ISLNK(st->st_mode)) {
+        ssize_t n = readlink(path, target, sizeof target - 1);
+        target[n > 0 ? n : 0] = '\0';
+    }
+    const char *relative = ftw->level > 0 ? path + list_root_len + 1 : ".";
+    int head = snprintf(data, sizeof data, "%o %u %u %lld %lld %lld %llu", (unsigned)st->st_mode, (unsigned)st->st_uid,
+                        (unsigned)st->st_gid, (long long)st->st_size,
+                        (long long)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec,
+                        (long long)st->st_ctim.tv_sec * 1000000000LL + st->st_ctim.tv_nsec,
+                        (unsigned long long)st->st_ino);
+    int size = snprintf(data + head + 1, sizeof data - (size_t)head - 1, "%s%c%s", relative, '\0', target);
+    if (head > 0 && size > 0 && (size_t)(head + 1 + size + 1) <= sizeof data) append_record(data, (size_t)(head + size + 2));
+    return 0;
+}
+
+static void inventory_request(char *payload, uint32_t len) {
+    char *f[1];
+    if (split(payload, len, f, 1, NULL, NULL)) { send_text('!', "malformed inventory request"); return; }
+    struct stat st;
+    if (lstat(f[0], &st)) {
+        if (errno == ENOENT || errno == ENOTDIR) send_text('n', "");
+        else refuse("cannot list", f[0]);
+        return;
+    }
+    records_len = 0;
+    inventory_dev = st.st_dev;
+    list_root_len = strcmp(f[0], "/") ? strlen(f[0]) : 0;
+    nftw(f[0], inventory_entry, 32, FTW_PHYS | FTW_MOUNT);
     send_frame('l', records, (uint32_t)records_len);
     send_text('k', "");
 }
@@ -609,6 +654,7 @@ int main(int argc, char **argv) {
             case 'W': write_request(payload, len); break;
             case 'G': get_request(payload, len); break;
             case 'L': list_request(payload, len); break;
+            case 'N': inventory_request(payload, len); break;
             default: send_text('!', "unknown request");
         }
         free(payload);

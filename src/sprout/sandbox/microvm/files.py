@@ -4,9 +4,11 @@ in its own root, so a link it made cannot point the host anywhere. One Channel s
 """
 
 import io
+import stat
 import time
-from typing import BinaryIO, Literal
+from typing import BinaryIO, Literal, Protocol
 
+from ..diff import Entry
 from ..errors import SproutError
 from .channel import Channel, ChannelError
 
@@ -15,6 +17,12 @@ CHUNK = 1 << 20  # bytes of a file per request: well under the channel's 16 MiB 
 
 Kind = Literal["file", "dir", "other"]
 KINDS: dict[str, Kind] = {"f": "file", "d": "dir", "o": "other"}
+
+
+class Sink(Protocol):
+    """Where copy_out puts a file's bytes: a binary file, or anything with `write(bytes)` (a digest's)."""
+
+    def write(self, data: bytes, /) -> object: ...
 
 
 class GuestFileError(SproutError):
@@ -77,7 +85,7 @@ class GuestFiles:
         sink = io.BytesIO()
         return sink.getvalue() if self.copy_out(path, sink, max_bytes) else None
 
-    def copy_out(self, path: str, sink: BinaryIO, max_bytes: int) -> bool:
+    def copy_out(self, path: str, sink: "Sink", max_bytes: int) -> bool:
         """Streams the regular file at `path` into `sink`; False when nothing is there (as read_file)."""
         self.channel.send("G", _fields(path, str(max_bytes)))
         written = 0
@@ -103,3 +111,28 @@ class GuestFiles:
     def kind(self, path: str) -> Kind | None:
         listing = self.list(path)
         return listing["."] if listing else None
+
+    def inventory(self, path: str) -> dict[bytes, Entry] | None:
+        """{path relative to `path` (b"" for itself): its entry} of everything under `path` on its filesystem,
+        links not followed. None when nothing is there."""
+        self.channel.send("N", _fields(path))
+        records = bytearray()
+        while (answer := self._answer(f"listing {path}"))[0] == "l":
+            records += answer[1]
+        if answer[0] == "n":
+            return None
+        fields = bytes(records).split(b"\0")
+        if len(fields) % 3 != 1:
+            raise GuestFileError(f"the guest's inventory of {path} is malformed")
+        entries = {}
+        for at in range(0, len(fields) - 1, 3):
+            head, rel, target = fields[at:at + 3]
+            try:
+                mode, uid, gid, size, mtime_ns, ctime_ns, ino = (int(v, 8 if i == 0 else 10)
+                                                                 for i, v in enumerate(head.split()))
+            except ValueError:
+                raise GuestFileError(f"the guest's inventory of {path} is malformed: {head[:80]!r}") from None
+            entries[b"" if rel == b"." else rel] = Entry(
+                mode=mode, uid=uid, gid=gid, size=size, mtime_ns=mtime_ns, ctime_ns=ctime_ns, ino=ino,
+                target=_decode(target) if stat.S_ISLNK(mode) else None)
+        return entries

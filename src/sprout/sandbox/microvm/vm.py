@@ -85,11 +85,12 @@ class MicroVM:
     @classmethod
     def boot(cls, kit: GuestKit, disk: Path, run_dir: Path, *, limits: VMLimits = VMLimits(),
              accel: str = "auto", incoming: Path | None = None, netns: str | None = None,
-             env: dict[str, str] | None = None) -> "MicroVM":
+             env: dict[str, str] | None = None, keep_disk: bool = False) -> "MicroVM":
         """Starts QEMU on `disk` and waits until its agent answers. With `incoming`, the VM resumes
         that memory image (saved with the same disk) instead of booting its kernel. QEMU runs in the
         network namespace `netns` when given: its user-mode network reaches out from there. Every
-        command gets `env` beneath its own (kept in vm.json, for any process that attaches)."""
+        command gets `env` beneath its own (kept in vm.json, for any process that attaches).
+        `keep_disk`: the guest's writes go to a temporary file of QEMU's, never to `disk`."""
         chosen, _ = choose_accel(accel)
         run_dir.mkdir(parents=True, exist_ok=True)
         with _locked(run_dir, "boot"):
@@ -98,7 +99,7 @@ class MicroVM:
             for name in ("qmp.sock", "agent.sock", "console.log", "qemu.pid", "vm.json"):
                 (run_dir / name).unlink(missing_ok=True)
             enter = ["nsenter", f"--net={netns}"] if netns else []
-            started = subprocess.run(enter + _qemu_argv(kit, disk, run_dir, limits, chosen, incoming),
+            started = subprocess.run(enter + _qemu_argv(kit, disk, run_dir, limits, chosen, incoming, keep_disk),
                                      stdin=subprocess.DEVNULL, capture_output=True, text=True)
             if started.returncode != 0:
                 raise VMError(f"QEMU did not start: {started.stderr.strip()}")
@@ -368,7 +369,7 @@ def _process_start(pid: int) -> int | None:
 
 
 def _qemu_argv(kit: GuestKit, disk: Path, run_dir: Path, limits: VMLimits, accel: str,
-               incoming: Path | None) -> list[str]:
+               incoming: Path | None, keep_disk: bool = False) -> list[str]:
     argv = [
         QEMU, "-M", "microvm,acpi=on,pit=on,pic=on,rtc=on", "-accel", accel,
         "-cpu", "host" if accel == "kvm" else "max", "-smp", str(limits.vcpus), "-m", str(limits.memory_mb),
@@ -376,7 +377,8 @@ def _qemu_argv(kit: GuestKit, disk: Path, run_dir: Path, limits: VMLimits, accel
         "-pidfile", str(run_dir / "qemu.pid"), "-D", str(run_dir / "qemu.log"),
         "-serial", f"file:{run_dir / 'console.log'}",
         "-kernel", str(kit.kernel), "-initrd", str(kit.initrd), "-append", _kernel_command_line(accel),
-        "-drive", f"id=disk,file={disk},format=raw,if=none,cache=writeback,discard=unmap",
+        "-drive", f"id=disk,file={disk},format=raw,if=none,cache=writeback,discard=unmap"
+                  + (",snapshot=on" if keep_disk else ""),
         "-device", "virtio-blk-device,drive=disk",
         "-device", "virtio-serial-device",
         "-chardev", f"socket,id=agent,path={run_dir / 'agent.sock'},server=on,wait=off",
