@@ -178,6 +178,17 @@ REQUEST_REFUSALS = [
                  "prompt.list[dict[str,any]]: List should have at least 1 item", id="prompt-empty-list"),
     pytest.param(lambda b: b.update(prompt=[{"content": "no role"}]),
                  "prompt: every prompt message needs a role", id="prompt-without-role"),
+    pytest.param(lambda b: b.update(prompt=[{"role": "system", "content": "You are terse."},
+                                            {"role": "user", "content": "fix it"}]),
+                 "prompt: message 0 is a 'system' message: the prompt is the task, as user messages",
+                 id="prompt-system-message"),
+    pytest.param(lambda b: b.update(prompt=[{"role": "user", "content": "fix it"},
+                                            {"role": "assistant", "content": "ok"}]),
+                 "prompt: message 1 is a 'assistant' message", id="prompt-assistant-message"),
+    pytest.param(lambda b: b.update(prompt=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
+                 "prompt: message 0: its content must be text", id="prompt-image"),
+    pytest.param(lambda b: b.update(prompt=[{"role": "user", "content": " "}]),
+                 "prompt: message 0 has no text", id="prompt-blank-message"),
     pytest.param(lambda b: b.update(rollout_id=-1),
                  "rollout_id: Input should be greater than or equal to 0", id="rollout_id-negative"),
     pytest.param(lambda b: b.update(rollout_id=True),
@@ -199,6 +210,17 @@ REQUEST_REFUSALS = [
 @pytest.mark.parametrize("change, refusal", REQUEST_REFUSALS)
 def test_request_rejections(change, refusal):
     assert_refused(RolloutGroupRequest, changed(request_body(), change), refusal)
+
+
+def test_the_prompts_user_messages_are_the_agents_task():
+    """What the agent is given: the string, or every user message's text (parts joined), one paragraph each."""
+    from sprout.rl_driver.samples import prompt_text
+
+    request = RolloutGroupRequest.model_validate({**request_body(), "prompt": [
+        {"role": "user", "content": "Work in /repo and fix this issue:"},
+        {"role": "user", "content": [{"type": "text", "text": "add() "}, {"type": "text", "text": "subtracts"}]}]})
+    assert prompt_text(request.prompt) == "Work in /repo and fix this issue:\n\nadd() subtracts"
+    assert prompt_text("fix task") == "fix task"
 
 
 def test_request_accepts_a_null_model_and_a_text_prompt():

@@ -103,6 +103,14 @@ class SearchSpec(Strict):
         return rounds * (self.review_seconds + self.wall_time_seconds) + (rounds - 1) * finalization_seconds
 
 
+def prompt_message_text(message: dict[str, Any]) -> str:
+    """A prompt message's text: its string content, or its text parts joined."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    return "".join(str(part.get("text", "")) for part in content or [] if isinstance(part, dict))
+
+
 class RolloutGroupRequest(Strict):
     """``POST /rollout-groups``: one prompt group, its slots and budgets, and optionally a search."""
 
@@ -131,10 +139,29 @@ class RolloutGroupRequest(Strict):
     @field_validator("prompt")
     @classmethod
     def _check_prompt(cls, prompt: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
-        if isinstance(prompt, list) and not all(
-            isinstance(message.get("role"), str) and message["role"] for message in prompt
-        ):
-            raise ValueError("every prompt message needs a role")
+        """The prompt is the task statement the agent is given, framed by the agent's own system message and
+        task template (its bash tool, how to submit): a string, or user messages of text. Anything else in
+        it would not reach the policy, so it is refused rather than dropped unseen."""
+        if isinstance(prompt, str):
+            return prompt
+        for index, message in enumerate(prompt):
+            role = message.get("role")
+            if not (isinstance(role, str) and role):
+                raise ValueError("every prompt message needs a role")
+            if role != "user":
+                raise ValueError(
+                    f"message {index} is a {role!r} message: the prompt is the task, as user messages; the "
+                    "conversation's system message is the agent's own (its tool and how to submit) and the "
+                    "trajectory returned shows it"
+                )
+            content = message.get("content")
+            if not isinstance(content, str) and not (
+                isinstance(content, list)
+                and all(isinstance(part, dict) and part.get("type") == "text" for part in content)
+            ):
+                raise ValueError(f"message {index}: its content must be text (a string, or parts of type text)")
+            if not prompt_message_text(message).strip():
+                raise ValueError(f"message {index} has no text")
         return prompt
 
     @model_validator(mode="after")

@@ -36,7 +36,7 @@ from ..sandbox.slots import HostSlots, SlotWaitStopped
 from ..tasks import GradeResult, load_task
 from ..tasks.swe_rebench import SweRebenchRef
 from .export import TOOLS_BY_MODEL_CLASS, ExportError, export_messages, journal_messages, restored_messages
-from .protocol import RolloutGroupRequest, SampleSlot
+from .protocol import RolloutGroupRequest, SampleSlot, prompt_message_text
 
 MODEL_CLASS = "tools"
 STOP_REASONS = {"LimitsExceeded": "max_turns_reached", "TimeExceeded": "timeout"}
@@ -191,16 +191,11 @@ def sampling_params(params: dict[str, Any]) -> SamplingParams:
 
 
 def prompt_text(prompt: str | list[dict[str, Any]]) -> str:
-    """The task the agent is given: the prompt string, or the text of the prompt's user messages."""
+    """The task the agent is given: the prompt string, or its user messages' text (the protocol admits no
+    other), one paragraph each."""
     if isinstance(prompt, str):
         return prompt
-    parts = []
-    for message in prompt:
-        if message.get("role") == "user":
-            content = message.get("content")
-            parts.append(content if isinstance(content, str) else "".join(
-                p.get("text", "") for p in content or [] if isinstance(p, dict)))
-    return "\n\n".join(p for p in parts if p)
+    return "\n\n".join(prompt_message_text(message) for message in prompt)
 
 
 @dataclass
