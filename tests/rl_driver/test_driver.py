@@ -401,10 +401,13 @@ def test_samples_run_and_are_graded_in_microvms(tasks, tmp_path):
     script = first(FIX) + first("cat /proc/1/comm") + then(SUBMIT, 2)
     try:
         with ScriptedModelServer(script, api_key=POLICY_KEY) as model:
-            result = MilesShapedClient(process.url).run_group(group_request(tasks[1], endpoint_of(model), 2))
+            # VMs boot under TCG here, beside three other test workers on two cores: a roomier wall budget
+            request = group_request(tasks[1], endpoint_of(model), 2, budgets={"max_wall_time_seconds": 420.0})
+            result = MilesShapedClient(process.url).run_group(request)
     finally:
         process.stop()
-    assert result["status"] == "completed" and result["failed_samples"] == []
+    assert result["status"] == "completed" and result["failed_samples"] == [], (
+        result["stop_reason"], result["failed_samples"])
     assert sorted(t["reward"] for t in result["trajectories"]) == [0.0, 1.0]
     first_outputs = [t["messages"][3]["content"] for t in result["trajectories"]]
     assert any("sprout-agent" in output for output in first_outputs), first_outputs  # PID 1 of a VM

@@ -11,12 +11,15 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import SproutError
 from ..eval.summary import SUMMARY, read_summary
 from ..jobs.remote import configured_client
 from ..rl_driver.groups import GROUP_STATUS
+
+if TYPE_CHECKING:
+    from ..runstore.client import RunStoreClient
 
 WAIT_S = 10.0  # one long poll of the Run Store, or one stretch of watching files between keep-alives
 POLL_S = 0.5  # how often files are looked at
@@ -33,16 +36,24 @@ def follow_evaluation(directory: Path) -> Iterator[str]:
     if client is not None and client.url != summary.runstore:
         yield sse("note", {"text": f"following the files: this viewer's Run Store is {client.url}, "
                                    f"the evaluation's {summary.runstore}"})
+        client.close()
         client = None
     running = lambda: read_summary(directory).status == "running"  # noqa: E731
     if client is None:
         yield from _watch(lambda: _stamp(directory / SUMMARY), running)
         return
-    yield sse("note", {"text": f"following Run Store group {summary.runstore_group}"})
+    with client:
+        yield from _follow_group_events(client, summary.runstore_group or "", directory, running)
+
+
+def _follow_group_events(client: "RunStoreClient", group: str, directory: Path,
+                         running: Callable[[], bool]) -> Iterator[str]:
+    """Each batch of the group's Run Store events is a change; the files are watched if the Run Store goes."""
+    yield sse("note", {"text": f"following Run Store group {group}"})
     seq = 0
     while running():
         try:
-            events = client.events(summary.runstore_group, after_seq=seq, wait_s=WAIT_S)
+            events = client.events(group, after_seq=seq, wait_s=WAIT_S)
         except SproutError as e:  # the Run Store went away: the files still tell
             yield sse("note", {"text": f"the Run Store stopped answering ({e}); following the files"})
             yield from _watch(lambda: _stamp(directory / SUMMARY), running)
