@@ -5,7 +5,8 @@
 
 Rows: checkpoint p50/p95 (idle and after a 1 MB write) at ~300 MB and ~3 GB, each including the freeze
 of the sandbox's processes that makes it point-in-time; the freeze + thaw alone, idle and under a
-process writing without pause; a checkpoint under that writer; the same state saved
+process writing without pause; a checkpoint under that writer; a checkpoint right after a 256 MB and a
+1 GB write (total and frozen window, the writeback inside the freeze as before and ahead of it as now); the same state saved
 with `tar` of the rootfs and with `podman commit` of an equivalent image-based (overlay) container;
 branch to first command; command round trip via sprout-runtime vs `podman exec`; disk held by 100
 checkpoints each after a 1 MiB edit, as a fraction of the base size.
@@ -79,6 +80,57 @@ def freeze_rows(sandbox, n: int) -> list[tuple[str, str, str]]:
     return [(name, f"p50 {p(v, .5):.2f} ms", f"p95 {p(v, .95):.2f} ms") for name, v in (
         ("freeze + thaw alone, idle", idle), ("freeze + thaw alone, under a writer", busy),
         ("checkpoint under a writer (64 KB appends)", under_write))]
+
+
+class TimedFreeze(runtime.frozen):
+    """runtime.frozen, timed from the freeze's start to the thaw's end: the window the sandbox stood still."""
+
+    windows: list[float] = []
+
+    def __enter__(self) -> bool:
+        self.started = time.perf_counter()
+        return super().__enter__()
+
+    def __exit__(self, *exc) -> None:
+        super().__exit__(*exc)
+        TimedFreeze.windows.append((time.perf_counter() - self.started) * 1000)
+
+
+def flushed_inside_the_freeze(sandbox, dest: Path) -> None:
+    """The checkpoint as it was before the writeback moved ahead of the freeze, for the comparison."""
+    with TimedFreeze(profile_of(sandbox)):
+        btrfs.flush(sandbox.path)
+        btrfs.snapshot(sandbox.path, dest, readonly=True)
+
+
+def big_write_rows(store: Store, n: int) -> list[tuple[str, str, str]]:
+    """A checkpoint right after the agent wrote 256 MB or 1 GB: total time and the frozen window, with
+    the writeback inside the freeze (before) and ahead of it (now)."""
+    sandbox = store.create_sandbox(IMAGE)
+    rows = []
+    original, runtime.frozen = runtime.frozen, TimedFreeze
+    try:
+        for mb in (256, 1024):
+            for mode in ("before: writeback inside the freeze", "now: writeback ahead of the freeze"):
+                TimedFreeze.windows, totals = [], []
+                for i in range(n):
+                    sandbox.exec(f"head -c {mb}M /dev/urandom > /root/big", timeout=300)
+                    if mode.startswith("before"):
+                        dest = store.root / "checkpoints" / f"bench-{sandbox.id}-{i}"
+                        totals.append(timed(lambda: flushed_inside_the_freeze(sandbox, dest)))
+                        btrfs.delete(dest)
+                    else:
+                        checkpoint = sandbox.checkpoint()
+                        totals.append(checkpoint.duration_ms)
+                        store.remove_checkpoint(checkpoint.id, force=True)
+                frozen = TimedFreeze.windows
+                rows.append((f"checkpoint after a {mb} MB write, {mode}", f"total p50 {p(totals, .5):,.0f} ms",
+                             f"frozen p50 {p(frozen, .5):.1f} / p95 {p(frozen, .95):.1f} ms"))
+    finally:
+        runtime.frozen = original
+        sandbox.destroy()
+    rows.append(("", "", "target: frozen window <= 50 ms p95"))
+    return rows
 
 
 def tar_ms(path: Path) -> float:
@@ -179,6 +231,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--big-gb", type=float, default=3.0, help="extra data in the big sandbox (GB)")
     parser.add_argument("--n", type=int, default=20, help="checkpoints per measurement")
+    parser.add_argument("--big-write-n", type=int, default=5,
+                        help="checkpoints after each big write (256 MB, 1 GB) and mode")
     parser.add_argument("--backend", choices=["container", "microvm"], default="container",
                         help="microvm: containers and microVMs side by side")
     args = parser.parse_args()
@@ -220,6 +274,8 @@ def main() -> None:
         flat = p(b_dirty, .5) / p(s_dirty, .5)
         rows.append(("flat in size: big / small checkpoint p50", f"{flat:.2f}x", "target ~1x"))
         rows += freezing
+        console.print("checkpoints after big writes ...")
+        rows += big_write_rows(fast, args.big_write_n)
 
         console.print("tar and podman commit ...")
         for label, sandbox, size, fill_mb, dirty in (("small", small, small_size, 0, s_dirty),

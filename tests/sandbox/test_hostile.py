@@ -2,6 +2,7 @@
 
 Each test does the hostile thing for real, from inside a real sandbox (podman + btrfs)."""
 
+import hashlib
 import subprocess
 import sys
 import textwrap
@@ -156,6 +157,14 @@ def test_checkpoints_under_a_writer_are_point_in_time(rt_store):
             bad.append((i, len(log), log.count(b"\0"), len(data)))
         time.sleep(0.05)
     assert bad == [], f"checkpoints that are not point-in-time: {bad}"
+
+
+def test_a_checkpoint_right_after_a_big_write_holds_all_of_it(rt_store):
+    """The writeback runs before the freeze now; what the agent wrote just before still lands whole."""
+    sb = rt_store.create_sandbox(PYTHON_IMAGE)
+    digest = sb.exec("head -c 96M /dev/urandom > /root/big && sha256sum /root/big").output.split()[0]
+    checkpoint = sb.checkpoint()
+    assert hashlib.sha256((checkpoint.path / "root/big").read_bytes()).hexdigest() == digest
 
 
 def test_gc_racing_creation_in_another_process_removes_nothing_being_made(rt_store, tmp_path):

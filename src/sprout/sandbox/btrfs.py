@@ -79,7 +79,7 @@ def is_readonly(path: Path) -> bool:
 
 
 def flush(path: Path) -> None:
-    """Writes back the filesystem's dirty data so that a snapshot afterwards is fast and complete."""
+    """Writes back the filesystem's dirty data (syncfs), so that a snapshot afterwards has little left to write."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         if _libc.syncfs(fd) != 0:

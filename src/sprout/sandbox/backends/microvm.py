@@ -200,6 +200,8 @@ def snapshot(vm: MicroVM | None, subvolume: Path, dest: Path, *, memory: bool) -
         btrfs.snapshot(subvolume, dest, readonly=True)
         return
     if not memory:
+        vm.flush()  # the guest's and then the host's writeback ahead of the freeze, as a container's
+        btrfs.flush(subvolume)
         with vm.frozen():
             btrfs.snapshot(subvolume, dest, readonly=True)
         return

@@ -167,12 +167,16 @@ class MicroVM:
             if status != "running":
                 qmp.cmd("cont")
 
+    def flush(self) -> None:
+        """The guest writes back its filesystems' dirty data to its disk (`sync`); nothing is frozen."""
+        self._request("S")
+
     def save_memory(self, dest: Path, while_paused: Callable[[], None]) -> None:
         """Has the guest flush its filesystems (so the disk alone is recent too: a restart without
         the memory loses little), pauses the VM (which drains its disk), runs `while_paused` (the
         caller snapshots the disk there), writes RAM and device state to `dest` with QEMU's migration
         stream, and resumes it. The disk snapshot and `dest` describe the same instant."""
-        self._request("S")
+        self.flush()
         with _locked(self.run_dir, "snapshot"), self._qmp() as qmp:
             qmp.cmd("stop")
             try:
