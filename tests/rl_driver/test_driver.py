@@ -314,8 +314,13 @@ def test_delete_mid_group_cancels_within_one_turn(driver, tasks):
     assert client.http.get(f"/rollout-groups/{request['rollout_job_id']}").status_code == 404
 
 
+def polled(client: MilesShapedClient, request: dict, condition):
+    """`condition`, checked while the client polls the group as Miles does (so it is not abandoned)."""
+    return lambda: bool(client.call("GET", f"/rollout-groups/{request['rollout_job_id']}")) and condition()
+
+
 def test_a_driver_killed_mid_group_carries_it_on_after_a_restart(tasks, tmp_path):
-    config = write_config(tmp_path / "driver.json", tasks[0])
+    config = write_config(tmp_path / "driver.json", tasks[0], abandon_after_s=10)  # the client comes back in time
     port = free_port()
     driver = DriverProcess(config, port).start()
     client = MilesShapedClient(driver.url)
@@ -325,7 +330,7 @@ def test_a_driver_killed_mid_group_carries_it_on_after_a_restart(tasks, tmp_path
                                  api_key=POLICY_KEY, delay_s=1.0) as model:
             request = group_request(tasks[1], endpoint_of(model), 2)
             client.call("POST", "/rollout-groups", json=request)
-            wait_for(lambda: len(model.requests) >= 2, 60, "the first turn of each sample")
+            wait_for(polled(client, request, lambda: len(model.requests) >= 2), 60, "the first turn of each sample")
             driver.stop(signal.SIGKILL)
             half_made = Store().root / "checkpoints" / f"cp-killed-{uuid.uuid4().hex[:8]}"  # killed mid-snapshot
             btrfs.create(half_made)
@@ -342,6 +347,48 @@ def test_a_driver_killed_mid_group_carries_it_on_after_a_restart(tasks, tmp_path
             result = client.run_group(request, post=False)
         assert result["status"] == "completed" and result["actual_samples"] == 2
         assert sandbox_ids() <= before and {c.id for c in Store().checkpoints()} <= checkpoints
+    finally:
+        driver.stop()
+
+
+def test_a_group_whose_client_never_comes_back_is_abandoned_and_released(tasks, tmp_path):
+    """The driver is SIGKILLed mid-group, restarted, and no client polls again: the group is cancelled after
+    abandon_after_s, keeping its finished sample; a driver killed while it releases the group finishes that."""
+    config = write_config(tmp_path / "driver.json", tasks[0], abandon_after_s=6)
+    port = free_port()
+    driver = DriverProcess(config, port).start()
+    client = MilesShapedClient(driver.url)
+    before, checkpoints = sandbox_ids(), {c.id for c in Store().checkpoints()}
+    # both samples' first turns, one submits at its second, the other (and its rerun) lists /app for ever
+    script = first("ls /app", 3) + then(SUBMIT) + then("ls /app", 200)
+    try:
+        with ScriptedModelServer(script, api_key=POLICY_KEY, delay_s=1.0) as model:
+            request = group_request(tasks[1], endpoint_of(model), 2, minimum_returned_samples=1)
+            group = f"/rollout-groups/{request['rollout_job_id']}"
+            client.call("POST", "/rollout-groups", json=request)
+            wait_for(polled(client, request, lambda: client.call("GET", group)["actual_samples"] == 1), 90,
+                     "one sample to finish")
+            driver.stop(signal.SIGKILL)
+            driver = DriverProcess(config, port).start()  # resumes the group; nobody asks after it
+            wait_for(lambda: "abandoned" in driver.log.read_text(), 60, "the group to be abandoned")
+            asked = len(model.requests)
+            driver.stop(signal.SIGKILL)  # while its samples stop and its checkpoints are released
+            driver = DriverProcess(config, port).start()
+            wait_for(lambda: sandbox_ids() <= before, 30, "the samples' sandboxes to go")
+            wait_for(lambda: {c.id for c in Store().checkpoints()} <= checkpoints, 30, "the checkpoints' release")
+            assert len(model.requests) <= asked + 2  # at most the turn each sample was in
+            result = client.call("GET", group)
+            check_result(result, request)
+            assert (result["status"], result["actual_samples"]) == ("cancelled", 1)  # the finished sample stays
+            assert result["stop_reason"] == "abandoned: no client polled it for 6 s, so its samples were stopped"
+            (failed,) = result["failed_samples"]
+            assert failed["reason"] == result["stop_reason"]
+            assert client.call("POST", "/rollout-groups", json=request) == {  # a late identical re-POST
+                "rollout_job_id": request["rollout_job_id"], "status": "cancelled"}
+            status = [json.loads(p.read_text()) for p in (tmp_path / "data").glob("groups/*/status.json")]
+            assert status == [{"status": "cancelled", "reason": result["stop_reason"]}]
+            assert client.call("DELETE", group)["status"] == "cancelled"
+            assert client.http.get(group).status_code == 404
     finally:
         driver.stop()
 

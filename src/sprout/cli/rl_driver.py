@@ -29,7 +29,7 @@ def cmd_serve(args) -> int:
     config = load_config(args.config)
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port), ("tasks_dir", args.tasks_dir),
                                    ("runtime_bin", args.runtime_bin), ("backend", args.backend),
-                                   ("local_slots", args.local_slots),
+                                   ("local_slots", args.local_slots), ("abandon_after_s", args.abandon_after),
                                    ("data_dir", args.data_dir), ("ledger", args.ledger)) if v is not None}
     config = config.model_validate(config.model_dump() | overrides)
     if config.tasks_dir is not None and not config.tasks_dir.is_dir():
@@ -92,6 +92,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--local-slots", type=int, help="samples run at once here, without a Run Store (default 4)")
     s.add_argument("--data-dir", type=Path, help="journals and verifier files (default ~/.local/share/sprout/rl-driver)")
     s.add_argument("--ledger", help="the ledger: a SQLite file or a database URL (default DATA_DIR/driver.sqlite3)")
+    s.add_argument("--abandon-after", type=float, metavar="SECONDS",
+                   help="cancel a running group no client has polled (POST or GET) for this long, stopping its "
+                        "samples and releasing their checkpoints (default 120; Miles polls every 2 s)")
     s.set_defaults(func=cmd_serve)
     s = commands.add_parser("prepare", help="build task images and write Miles' prompt file (JSONL)")
     flags.add(s, "tasks_dir")

@@ -9,7 +9,10 @@ very submission of its id) is live, and a finished slot never changes. A DELETEd
 samples have stopped; its id is free again then. A driver that restarts picks up every group the ledger
 has unfinished: finished slots stay, the others run again (a Run Store job that is still running is
 waited on again, not run twice). A group with a `search` runs in phases (roots, then review rounds and
-their branches), each stopped at its own deadline; sprout.rl_driver.search plans them.
+their branches), each stopped at its own deadline; sprout.rl_driver.search plans them. A live group no
+client has polled (POSTed or GET) for `abandon_after_s` (counted from its submission, or from the restart
+of a driver that resumed it) is abandoned: cancelled with its reason, its samples stopped and, once they
+have, its checkpoints released; its result stays answerable until it is DELETEd.
 """
 
 import hashlib
@@ -40,6 +43,7 @@ OUT_OF_TIME = "did not finish within the group's wall time and finalization"
 GROUP_STATUS = "status.json"  # in a group's directory once it ended: its status and reason (for `sprout view`)
 SLOT_SEARCH = "search.json"  # in a search slot's directory: its group label and metadata.search as planned
 STOP_GRACE_S = 15.0  # how long stopped samples get to end before the group is finished without them
+ABANDONED = "abandoned: no client polled it for {:g} s, so its samples were stopped"
 
 
 def review_client(review: ReviewConfig, key_env: str | None) -> Reviewer:
@@ -66,6 +70,8 @@ class Driver:
         self._stops: dict[str, threading.Event] = {}
         self._phases: dict[str, threading.Event] = {}  # each running group's samples stop when theirs is set
         self._threads: dict[str, threading.Thread] = {}
+        self._polled: dict[str, float] = {}  # each running group's last POST or GET (time.monotonic())
+        self._abandoned: set[str] = set()  # running groups cancelled for want of a client, still stopping
         self._lock = threading.Lock()
         self._closing = False  # shutting down: running groups stay unfinished for the next driver
         self.store = Store(runtime_bin=config.runtime_bin)  # this host's: test paths, checkpoint release
@@ -73,8 +79,8 @@ class Driver:
         self.reviewer = review_client(review, config.miles.api_key_env) if review else None  # search groups only
 
     def start(self) -> None:
-        """Carries on every group a previous driver process left unfinished (and forgets those it was
-        deleting)."""
+        """Carries on every group a previous driver process left unfinished (forgets those it was
+        deleting, releases those it abandoned), then watches for groups no client polls."""
         for group_id in self.ledger.unfinished():
             group = self.ledger.group(group_id)
             if group is not None and group.status == DELETING:
@@ -82,6 +88,13 @@ class Driver:
             else:
                 log.info("resuming group %s", group_id)
                 self._launch(group_id)
+        for group_id in self.ledger.abandoned():
+            group = self.ledger.group(group_id)
+            if group is not None and not (self.group_dir(group) / GROUP_STATUS).exists():  # killed while releasing
+                self._release(group, "cancelled")
+        if self.config.abandon_after_s is not None:
+            threading.Thread(target=self._watch, args=(self.config.abandon_after_s,), name="abandoned-groups",
+                             daemon=True).start()
 
     def submit(self, request: RolloutGroupRequest) -> RolloutGroupAck:
         check_servable(self.config, request)
@@ -91,6 +104,7 @@ class Driver:
         if self.ledger.add_group(request.rollout_job_id, digest, request.wire(), time.time(), slots, used=used):
             self._launch(request.rollout_job_id)
             return RolloutGroupAck(rollout_job_id=request.rollout_job_id, status="queued")
+        self._poll(request.rollout_job_id)
         group = self.ledger.group(request.rollout_job_id)
         if group is None or group.status == DELETING:
             raise GroupConflict(f"group {request.rollout_job_id} is being deleted; submit it again in a moment")
@@ -99,6 +113,7 @@ class Driver:
         return RolloutGroupAck(rollout_job_id=group.id, status=group.status)
 
     def result(self, group_id: str) -> RolloutGroupResult:
+        self._poll(group_id)
         return group_result(self._group(group_id))
 
     def delete(self, group_id: str) -> RolloutGroupAck:
@@ -133,6 +148,35 @@ class Driver:
         """The driver is shutting down: unfinished groups are left for the next one."""
         return self._closing
 
+    def _poll(self, group_id: str) -> None:
+        """A client asked after the group: it is not abandoned."""
+        with self._lock:
+            if group_id in self._polled:
+                self._polled[group_id] = time.monotonic()
+
+    def _watch(self, abandon_after_s: float) -> None:
+        """Abandons every running group no client has polled for `abandon_after_s`, until the driver closes."""
+        while not self._closing:
+            time.sleep(min(5.0, abandon_after_s / 4))
+            now = time.monotonic()
+            with self._lock:
+                idle = [g for g, polled in self._polled.items() if now - polled > abandon_after_s]
+            for group_id in idle:
+                self._abandon(group_id, abandon_after_s)
+
+    def _abandon(self, group_id: str, abandon_after_s: float) -> None:
+        """Cancels a running group (its unfinished slots failed with the reason) and stops its samples;
+        its thread releases its checkpoints once they have stopped."""
+        reason = ABANDONED.format(abandon_after_s)
+        with self._lock:
+            self._polled.pop(group_id, None)
+            if not self.ledger.set_status(group_id, "cancelled", reason, time.time()):
+                return  # it ended (or was deleted) meanwhile
+            self.ledger.fail_unfinished_slots(group_id, reason)
+            self._abandoned.add(group_id)
+            self._stop(group_id)
+        log.warning("group %s %s", group_id, reason)
+
     def _stop(self, group_id: str) -> None:
         """Stops a group and the samples it runs (the caller holds the lock)."""
         for events in (self._stops, self._phases):
@@ -148,6 +192,7 @@ class Driver:
     def _launch(self, group_id: str) -> None:
         with self._lock:
             stop = self._stops[group_id] = threading.Event()
+            self._polled[group_id] = time.monotonic()
             thread = self._threads[group_id] = threading.Thread(target=self._run_group, args=(group_id, stop),
                                                                 name=f"group-{group_id[:40]}", daemon=True)
         thread.start()
@@ -162,12 +207,15 @@ class Driver:
                                        time.time())
         finally:
             with self._lock:
-                self._stops.pop(group_id, None)
-                self._phases.pop(group_id, None)
-                self._threads.pop(group_id, None)
+                for running in (self._stops, self._phases, self._threads, self._polled):
+                    running.pop(group_id, None)
+                abandoned = group_id in self._abandoned
+                self._abandoned.discard(group_id)
             group = self.ledger.group(group_id)
             if group is not None and group.status == DELETING:  # deleted while it ran
                 self._forget(group)
+            elif group is not None and abandoned and not self._closing:
+                self._release(group, "cancelled")
 
     def _run_slots(self, group_id: str, stop: threading.Event) -> None:
         group = self.ledger.group(group_id)
@@ -274,15 +322,20 @@ class Driver:
         return self.config.data_path / "groups" / f"{_safe(group.id)}-{int(group.submitted_at * 1000)}"
 
     def _forget(self, group: GroupRow) -> None:
-        """Releases a deleted group's checkpoints (unless keep_checkpoints), as an evaluation does when
-        it finishes, then its ledger rows; its journals stay."""
+        """Releases a deleted group's checkpoints, then its ledger rows; its journals stay."""
+        self._release(group, "deleted")
+        self.ledger.delete(group.id)
+
+    def _release(self, group: GroupRow, status: str) -> None:
+        """Releases a group's checkpoints (unless keep_checkpoints), as an evaluation does when it finishes,
+        and records how it ended in its directory unless it ended before."""
         if not self.config.keep_checkpoints:
             from ..jobs.journals import release
 
             release(self.store, sorted(self.group_dir(group).glob("slot-*/journal.jsonl")))
-        if self.group_dir(group).is_dir() and not (self.group_dir(group) / GROUP_STATUS).exists():  # deleted while live
-            write_atomic(self.group_dir(group) / GROUP_STATUS, json.dumps({"status": "deleted", "reason": None}))
-        self.ledger.delete(group.id)
+        if self.group_dir(group).is_dir() and not (self.group_dir(group) / GROUP_STATUS).exists():
+            reason = group.stop_reason if status == "cancelled" else None
+            write_atomic(self.group_dir(group) / GROUP_STATUS, json.dumps({"status": status, "reason": reason}))
 
 
 def finish_by(group: GroupRow, request: RolloutGroupRequest) -> float:

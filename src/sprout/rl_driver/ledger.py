@@ -127,6 +127,13 @@ class Ledger:
                                 .order_by(groups.c.submitted_at)).all()
         return [r.id for r in rows]
 
+    def abandoned(self) -> list[str]:
+        """Groups cancelled because no client polled them (not yet DELETEd)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(groups.c.id).where(groups.c.status == "cancelled",
+                                                          groups.c.stop_reason.like("abandoned:%"))).all()
+        return [r.id for r in rows]
+
     def set_status(self, group_id: str, status: str, stop_reason: str | None = None,
                    finished_at: float | None = None, *, only_live: bool = True) -> bool:
         """Sets a group's status; with `only_live`, only while it is queued or running (a terminal status
