@@ -59,6 +59,12 @@ class Settings(BaseSettings):
                                      "(`sprout services env` exports both).")
     runstore_token: str | None = Field(None, description="A bearer token for the Run Store (a secret: never "
                                        "printed or recorded).")
+    job_tries: int = Field(3, ge=1, le=1000, description="How many times a Run Store job is run when its "
+                           "handler fails (an error of the job itself) before it is failed.")
+    job_worker_losses: int = Field(10, ge=1, le=1000, description="How many workers a Run Store job may lose "
+                                   "(killed, preempted or cut off while they held it: its lease expired) before "
+                                   "it is failed as lost to infrastructure; a job that keeps killing the workers "
+                                   "that take it is stopped so.")
     endpoints: str = Field("", description="A worker's model endpoints, JSON `{name: {url, key_env}}` (written "
                            "by `sprout services`); a job names one of these, never a key.")
     config_dir: Path = Field(Path("~/.config/sprout"), description="Where `sprout services` keeps its "

@@ -114,7 +114,7 @@ WORKER_ROUTES = [
 def test_health_and_docs_need_no_token(api: LiveApi) -> None:
     health = httpx.get(f"{api.url}/health")
     assert health.status_code == 200 and health.json()["status"] == "ok"
-    assert health.json()["schema_version"] == 3
+    assert health.json()["schema_version"] == 4
     assert httpx.get(f"{api.url}/docs").status_code == 200
     spec = httpx.get(f"{api.url}/openapi.json").json()
     assert "/v1/claims" in spec["paths"] and "HTTPBearer" in spec["components"]["securitySchemes"]

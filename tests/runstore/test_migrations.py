@@ -32,14 +32,15 @@ def test_old_database_is_migrated(db_url: str) -> None:
     db.close()
 
     with RunStore(db_url, job_kinds()) as store:
-        assert store.schema_version() == LATEST_VERSION == 3
+        assert store.schema_version() == LATEST_VERSION == 4
         (old,) = store.list().jobs
         assert old.payload == {"task_dir": "old"} and old.host is None and old.lease_host is None
+        assert old.max_lease_expiries == 10  # what a job submitted before it gets
         (claim,) = store.claim("w1", "h1")
         assert claim.job.id == old.id
         assert store.complete(old.id, claim.lease_token).state == JobState.SUCCEEDED
     with RunStore(db_url, job_kinds()) as store, store._db.begin(write=False) as conn:  # opening it again changes nothing
-        assert conn.execute(select(schema_version.c.version)).scalars().all() == [1, 2, 3]
+        assert conn.execute(select(schema_version.c.version)).scalars().all() == [1, 2, 3, 4]
 
 
 def test_migrated_schema_matches_the_table_definitions(db_url: str) -> None:

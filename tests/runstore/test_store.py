@@ -174,17 +174,34 @@ def test_expired_lease_is_re_leased_and_late_result_refused(store: RunStore, clo
     assert store.complete(job.id, second.lease_token, "ok").result == "ok"
 
 
-def test_lease_expiries_exhaust_attempts(store: RunStore, clock: FakeClock) -> None:
-    job = gate(store, max_attempts=2, group_id="g")
+def test_lost_workers_are_counted_apart_from_failed_handlers(store: RunStore, clock: FakeClock) -> None:
+    """An expired lease (its worker died) is not a failure of the job's handler: max_attempts counts those,
+    max_lease_expiries the workers lost; either one used up fails the job."""
+    lost = gate(store, max_attempts=2, max_lease_expiries=3, group_id="g")
     for _ in range(2):
         claim_one(store, lease_s=5)
         clock.advance(6)
+    claim = claim_one(store)
+    assert store.fail(lost.id, claim.lease_token, "boom").state == JobState.QUEUED  # 1 failure of 2, 3 tries
+    clock.advance(60)
+    claim_one(store, lease_s=5)
+    clock.advance(6)
     assert store.claim("w1", "h1") == []
-    failed = store.get(job.id)
-    assert failed.state == JobState.FAILED and failed.error == "lease expired 2 times"
-    assert failed.attempts == 2 and failed.finished_at is not None
+    failed = store.get(lost.id)
+    assert failed.state == JobState.FAILED and failed.finished_at is not None
+    assert failed.error == "lease expired 3 times: the workers that took it died or lost the Run Store"
+    assert (failed.attempts, failed.lease_expiries, failed.max_lease_expiries) == (4, 3, 3)
     types = [e.type for e in store.events("g")]
     assert types[-2:] == [EventType.LEASE_EXPIRED, EventType.FAILED]
+
+    broken = gate(store, max_attempts=2, max_lease_expiries=5)
+    claim_one(store, lease_s=5)
+    clock.advance(6)
+    for attempt in (1, 2):
+        clock.advance(60)
+        claim = claim_one(store)
+        done = store.fail(broken.id, claim.lease_token, f"boom {attempt}")
+    assert (done.state, done.error, done.lease_expiries) == (JobState.FAILED, "boom 2", 1)
 
 
 def test_fail_retries_with_exponential_backoff(make_store, clock: FakeClock) -> None:

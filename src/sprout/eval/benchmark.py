@@ -120,7 +120,11 @@ def _run_all(config: BenchmarkConfig, jobs: list[tuple[str, Method]]) -> list[st
                    for name, method in jobs}
         for (name, method), future in futures.items():
             summary, last_line = future.result()
-            if summary is None or summary.status not in ("solved", "unsolved"):
+            if summary is not None and summary.status == "lost":
+                failed.append(f"{name}-{method}")
+                progress.console.print(f"[yellow]{name} {method}: attempts lost to infrastructure[/yellow] (the others "
+                                       "are recorded; running the benchmark again reruns the lost ones)", markup=True)
+            elif summary is None or summary.status not in ("solved", "unsolved"):
                 failed.append(f"{name}-{method}")
                 progress.console.print(f"[red]{name} {method}: failed[/red] ({last_line}; log "
                                        f"{config.output / 'logs' / f'{name}-{method}.log'})", markup=True)

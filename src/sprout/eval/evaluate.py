@@ -48,7 +48,7 @@ from ..sandbox.backends import BackendName
 from ..sandbox.slots import host_slot_count
 from ..tasks import TaskImage, ensure_image, load_task
 from ..tasks.pull import PullPolicy
-from .executor import AgentConfig, TaskExecutor
+from .executor import AgentConfig, AttemptsLost, TaskExecutor
 from .harbor_job import write_harbor_job
 from .provenance import Pinning, SourceState, check_pinning, check_source
 from .regrade import regrade_attempts
@@ -334,7 +334,7 @@ def _run_method(run: _Run, executor: TaskExecutor, summary: EvaluationSummary) -
         executor.on_record()
         raise
     except SproutError as e:
-        summary.status, summary.error = "error", str(e)
+        summary.status, summary.error = "lost" if isinstance(e, AttemptsLost) else "error", str(e)
         executor.on_record()
         raise
     summary.status = "solved" if result.solved_by else "unsolved"

@@ -8,6 +8,10 @@ run left it, and its checkpoints removed) and the attempt rerun. An attempt's sa
 rollout ends; its checkpoints (which keep the task's limits for branches and grading) stay until
 `release()`.
 
+An attempt whose Run Store job was lost to infrastructure (the workers that took it kept dying) does not
+stop its siblings: it is left unrecorded, the others finish, and then AttemptsLost ends the run, so a
+resume runs it again (and the method carries on from there, as it would have).
+
 `attempt_many` runs a list of plans in threads. Records are kept by id and listed in plan order (the
 order plans were first asked for), never in finishing order, so summary.json and resume do not depend on
 which attempt finished first; `on_record` is called under a lock, one record at a time.
@@ -30,6 +34,7 @@ from ..agent.runner import RolloutCancelled, RolloutSpec, TurnEvent
 from ..errors import SproutError
 from ..jobs.journals import discard
 from ..jobs.local import Jobs, RolloutDone, RolloutRequest
+from ..jobs.remote import JobLost
 from ..method.records import AttemptPlan, AttemptRecord, ReviewRecord
 from ..method.review import Reviewer, ReviewInput
 from ..method.trajectory import trajectory
@@ -44,6 +49,10 @@ class AgentConfig:
     model_class: str = "tools"
     wall_time_s: int = defaults.WALL_TIME_S
     command_timeout_s: int = defaults.COMMAND_TIMEOUT_S
+
+
+class AttemptsLost(SproutError):
+    """Attempts of a round were lost to infrastructure; the others are recorded and a resume reruns these."""
 
 
 class TaskExecutor:
@@ -76,23 +85,29 @@ class TaskExecutor:
             for plan in plans:
                 self._order.setdefault(plan.id, len(self._order))
         replayed = [self._replay(plan) for plan in plans if plan.id in self._recorded]
+        lost: dict[str, str] = {}
         if not (early_stop and any(a.solved for a in replayed)):
-            self._run_together([plan for plan in plans if plan.id not in self._recorded], early_stop, parallel)
+            self._run_together([plan for plan in plans if plan.id not in self._recorded], early_stop, parallel, lost)
         with self._lock:
             records = [self._records[plan.id] for plan in plans if plan.id in self._records]
-        for plan in plans:  # never started (early stop): a journal a killed session left goes
+        for plan in plans:  # never started (early stop) or lost: its journal goes
             journal = self.out / "attempts" / f"{plan.id}.jsonl"
             if plan.id not in self._records and journal.exists():
                 discard(self.store, journal)
+        if lost and not (early_stop and any(a.solved for a in records)):
+            raise AttemptsLost(f"{len(lost)} attempt(s) lost to infrastructure ({'; '.join(lost.values())}); "
+                               f"the {len(records)} other(s) of the round are recorded: run the same command again "
+                               "to rerun the lost ones and carry on")
         return records
 
-    def _run_together(self, plans: Sequence[AttemptPlan], early_stop: bool, parallel: int) -> None:
+    def _run_together(self, plans: Sequence[AttemptPlan], early_stop: bool, parallel: int,
+                      lost: dict[str, str]) -> None:
         """Runs `plans` in threads. An error or an interrupt stops the others (not recorded: resume reruns
-        them) and is raised once all have stopped."""
+        them) and is raised once all have stopped; an attempt lost to infrastructure is put in `lost`."""
         solved = threading.Event()  # a sibling scored 1 (early stop): the stopped ones are recorded cancelled
         stop = threading.Event()  # early stop, an error or an interrupt: running rollouts end, queued ones never start
         with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(plans)))) as pool:
-            futures = [pool.submit(self._attempt_or_skip, plan, early_stop, stop, solved) for plan in plans]
+            futures = [pool.submit(self._attempt_or_skip, plan, early_stop, stop, solved, lost) for plan in plans]
             try:
                 wait(futures)
             except BaseException:  # interrupted: the pool's exit waits for the stopped attempts
@@ -112,12 +127,17 @@ class TaskExecutor:
         return recorded
 
     def _attempt_or_skip(self, plan: AttemptPlan, early_stop: bool, stop: threading.Event,
-                         solved: threading.Event) -> None:
-        """One thread's attempt: not started once `stop` is set; an error stops its siblings."""
+                         solved: threading.Event, lost: dict[str, str]) -> None:
+        """One thread's attempt: not started once `stop` is set; an error stops its siblings, a loss does not."""
         if stop.is_set():
             return
         try:
             record = self._attempt(plan, stop, solved)
+        except JobLost as e:
+            self.log(f"{plan.id}: {e}; the others carry on, and running the command again reruns it")
+            with self._lock:
+                lost[plan.id] = f"{plan.id}: {e}"
+            return
         except BaseException:
             stop.set()
             raise

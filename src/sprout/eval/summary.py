@@ -18,7 +18,7 @@ from ..method.search import Method
 from .provenance import Pinning, PreparedImage, SourceState
 
 SUMMARY = "summary.json"
-Status = Literal["running", "solved", "unsolved", "error", "interrupted"]
+Status = Literal["running", "solved", "unsolved", "error", "interrupted", "lost"]  # lost: AttemptsLost
 
 
 class EvaluationConfig(BaseModel):

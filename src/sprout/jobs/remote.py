@@ -60,9 +60,11 @@ def run_job(client, payload: Payload, *, group_id: str, timeout_s: float | None 
 
 
 def submit_job(client, payload: Payload, *, group_id: str, **opts: Any) -> Job:
-    """Submits `payload` as a job of its kind; a refusal (an invalid payload, an unknown endpoint) is one
-    SproutError."""
+    """Submits `payload` as a job of its kind, with the configured tries (SPROUT_JOB_TRIES,
+    SPROUT_JOB_WORKER_LOSSES); a refusal (an invalid payload, an unknown endpoint) is one SproutError."""
     kind = kind_of(payload)
+    config = settings()
+    opts = {"max_attempts": config.job_tries, "max_lease_expiries": config.job_worker_losses, **opts}
     try:
         return client.submit(kind, payload.model_dump(mode="json"), group_id=group_id, **opts)
     except RunStoreError as e:
@@ -71,6 +73,11 @@ def submit_job(client, payload: Payload, *, group_id: str, **opts: Any) -> Job:
 
 class JobDetached(SproutError):
     """The waiter stopped waiting (`detach`), the job left to run."""
+
+
+class JobLost(SproutError):
+    """The job failed because the workers that took it kept dying (its leases expired), not because its
+    handler did: infrastructure lost the work, which a resume runs again."""
 
 
 def wait_job(client, job: Job, *, wait_s: float = WAIT_S, timeout_s: float | None = None,
@@ -112,6 +119,8 @@ def wait_job(client, job: Job, *, wait_s: float = WAIT_S, timeout_s: float | Non
         raise
     if job.state != "succeeded":
         error = (job.error or "").strip().splitlines()
+        if job.state == "failed" and job.lease_expiries >= job.max_lease_expiries:
+            raise JobLost(f"{job.kind} job {job.id} was lost to infrastructure: {error[0] if error else ''}")
         raise SproutError(f"{job.kind} job {job.id} {job.state}: {error[0] if error else 'no error recorded'}")
     return job.result
 

@@ -91,6 +91,11 @@ MIGRATIONS: tuple[Migration, ...] = (
             )""",
         ),
     ),
+    Migration(
+        4,
+        "worker losses counted apart from failures",
+        ("ALTER TABLE jobs ADD COLUMN max_lease_expiries INTEGER NOT NULL DEFAULT 10",),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

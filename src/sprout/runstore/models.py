@@ -50,6 +50,7 @@ class JobSpec(BaseModel):
     payload: dict[str, Any] = {}
     priority: Int32 = 0
     max_attempts: int = Field(3, ge=1, le=1000)
+    max_lease_expiries: int = Field(10, ge=1, le=1000)
     host: str | None = None
     affinity_timeout_s: float | None = Field(None, ge=0)
     parent_id: Int64 | None = None
@@ -74,6 +75,7 @@ class Job(BaseModel):
     lease_token: int
     lease_expires_at: datetime | None
     lease_expiries: int
+    max_lease_expiries: int
     heartbeat_at: datetime | None
     result: Any = None
     error: str | None

@@ -62,14 +62,15 @@ _current_lease = and_(
 
 GET = select(jobs).where(jobs.c.id == _job_id)
 
-# Expired leases: queued again, or failed when it was the last attempt.
+# Expired leases (the worker died): queued again, or failed after max_lease_expiries. They are not
+# failures of the job's handler, which max_attempts counts (attempts - lease_expiries).
 _expired = (
     select(jobs.c.id)
     .where(_in_state(LEASED), jobs.c.lease_expires_at <= _now)
     .with_for_update(skip_locked=True)
 )
-_exhausted = jobs.c.attempts >= jobs.c.max_attempts
 _expiries = jobs.c.lease_expiries + 1
+_exhausted = _expiries >= jobs.c.max_lease_expiries
 COLLECT_EXPIRED = (
     update(jobs)
     .where(jobs.c.id.in_(_expired))
@@ -78,7 +79,8 @@ COLLECT_EXPIRED = (
         lease_expiries=_expiries,
         lease_expires_at=None,
         error=case(
-            (_exhausted, literal("lease expired ") + cast(_expiries, Text) + literal(" times")),
+            (_exhausted, literal("lease expired ") + cast(_expiries, Text)
+             + literal(" times: the workers that took it died or lost the Run Store")),
             else_=jobs.c.error,
         ),
         finished_at=case((_exhausted, _now), else_=None),

@@ -26,6 +26,7 @@ jobs = Table(
     Column("lease_token", BigInteger, nullable=False),
     Column("lease_expires_at", Double),
     Column("lease_expiries", Integer, nullable=False),
+    Column("max_lease_expiries", Integer, nullable=False),
     Column("heartbeat_at", Double),
     Column("result", Text),
     Column("error", Text),

@@ -6,7 +6,7 @@ Lifecycle of a job::
       ^                 |  \\--fail(retry=False) or last attempt--> failed
       |                 |--fail(retry=True)--> queued (not_before = now + backoff)
       |                 |--release--> queued (the attempt is not counted)
-      \\--lease expired--/  (counts as a failed attempt; the last one fails the job)
+      \\--lease expired--/  (its worker died: counted apart, max_lease_expiries fail the job)
     queued or leased --cancel--> cancelled
 
 Every lease has a ``lease_token`` that grows by one at each lease of the job; the
@@ -75,6 +75,7 @@ def _job(row: Row[Any]) -> Job:
         lease_token=m["lease_token"],
         lease_expires_at=_dt(m["lease_expires_at"]),
         lease_expiries=m["lease_expiries"],
+        max_lease_expiries=m["max_lease_expiries"],
         heartbeat_at=_dt(m["heartbeat_at"]),
         result=None if m["result"] is None else json.loads(m["result"]),
         error=m["error"],
@@ -232,6 +233,7 @@ class RunStore:
             "max_attempts": spec.max_attempts,
             "lease_token": 0,
             "lease_expiries": 0,
+            "max_lease_expiries": spec.max_lease_expiries,
             "parent_id": spec.parent_id,
             "group_id": spec.group_id,
             "host": spec.host,
@@ -454,8 +456,9 @@ class RunStore:
                 raise self._lease_lost(conn, job_id, lease_token)
             values: dict[str, Any] = {"error": error, "lease_expires_at": None, "updated_at": now}
             data: dict[str, Any] = {"worker_id": row.lease_owner, "attempt": row.attempts, "error": error}
-            if retry and row.attempts < row.max_attempts:
-                not_before = now + min(self._retry_max_s, self._retry_base_s * 2 ** (row.attempts - 1))
+            failures = row.attempts - row.lease_expiries  # tries whose handler ended, this one included
+            if retry and failures < row.max_attempts:
+                not_before = now + min(self._retry_max_s, self._retry_base_s * 2 ** (failures - 1))
                 values |= {"state": q.QUEUED, "not_before": not_before}
                 if row.affinity_timeout_s is not None:
                     values["affinity_deadline"] = not_before + row.affinity_timeout_s
