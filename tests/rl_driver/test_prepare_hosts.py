@@ -18,7 +18,7 @@ from sprout.runstore.client import RunStoreClient
 from sprout.sandbox import ImageNotFound, Store
 from sprout.sandbox.store import default_root
 from tests.conftest import REPO, RUNTIME_BIN, drop_store, free_port
-from tests.rl_driver.test_driver import DriverProcess, write_config
+from tests.rl_driver.test_driver import DriverProcess, stop_fleet, write_config
 from tests.services.test_services import services
 
 
@@ -92,13 +92,7 @@ def test_prepare_imports_the_images_on_every_live_host(tasks, tmp_path):
             assert time.monotonic() < deadline, driver.log.read_text()
             time.sleep(0.5)
     finally:
-        if driver is not None:
-            driver.stop()
-        for proc in workers:
-            proc.send_signal(signal.SIGTERM)
-        for proc in workers:
-            proc.wait(timeout=60)
-        services(cfg, "down")
+        stop_fleet(driver, workers, cfg)
         drop_store(store_b)
 
 
