@@ -183,7 +183,7 @@ def _holder_root(store_root: Path) -> Path:
         (root / "bin").mkdir(parents=True, exist_ok=True)
         if not BUSYBOX.exists():
             raise StoreError("no static busybox: install Debian's busybox-static (ops/setup_podman.sh --microvm does)")
-        partial = root / "bin" / f"busybox.{os.getpid()}.partial"
+        partial = root / "bin" / f"busybox.{os.getpid()}.{threading.get_ident()}.partial"  # one per thread
         shutil.copy2(BUSYBOX, partial)
         os.replace(partial, root / "bin" / "busybox")
         with suppress(FileExistsError):
