@@ -113,7 +113,9 @@ def test_a_killed_worker_leaves_nothing_and_its_job_finishes_elsewhere(live):
     done = wait_for(lambda: (job := live.client.get(job_id)).state in ("succeeded", "failed") and job, 120,
                     "the job to finish on the second worker")
     assert done.state == "succeeded", done.error
-    assert done.attempts == 2
+    # the killed worker's lease lapsed (under load a live worker's may lapse too): every attempt before the
+    # last was a lost worker, none a failure of the rollout itself
+    assert done.lease_expiries >= 1 and done.attempts == done.lease_expiries + 1, done
     finished = read_journal(journal)
     assert finished.outcome.status == "submitted" and finished.header.sandbox != dead_sandbox
     assert done.result["checkpoints"] == [t.checkpoint for t in finished.turns]
