@@ -41,10 +41,11 @@ done
 
 EXTRAS="mini,harbor,runstore,proxy"  # proxy: the bundled LiteLLM proxy
 [ "$DEV" = 1 ] && EXTRAS="$EXTRAS,dev"  # the tests, linters, type checker and docs builder
+# gcc and libc6-dev compile the runtime (and the microVM guest's agent)
 APT_PACKAGES=(podman btrfs-progs runc mmdebstrap uidmap containernetworking-plugins iptables catatonit
-              ca-certificates rsync iproute2)
-# the microVM backend: QEMU, busybox for the guest, a compiler for its agent, ext4 and initramfs tools
-MICROVM_PACKAGES=(qemu-system-x86 busybox-static gcc libc6-dev e2fsprogs cpio)
+              ca-certificates rsync iproute2 gcc libc6-dev)
+# the microVM backend: QEMU, busybox for the guest, ext4 and initramfs tools
+MICROVM_PACKAGES=(qemu-system-x86 busybox-static e2fsprogs cpio)
 [ "$MICROVM" = 1 ] && APT_PACKAGES+=("${MICROVM_PACKAGES[@]}")
 [ "$DEV" = 1 ] && APT_PACKAGES+=(docker-registry chromium)  # chromium: the viewer's browser tests
 
@@ -214,20 +215,19 @@ else
   say done "python package: installed sprout[$EXTRAS]"
 fi
 
-# ---------------------------------------------------------------- runtime launcher
+# ---------------------------------------------------------------- runtime
+# sprout-runtime enters a running sandbox for each command (src/sprout/sandbox/runtime.c), compiled here.
 RUNTIME="$REPO/runtime/sprout-runtime"
-launcher=$(cat <<EOF
-#!/bin/sh
-# sprout-runtime: runs a command inside a running Sprout sandbox (see src/sprout/sandbox/runtime.py).
-exec "$VENV/bin/python" -I -S -c 'import sys; sys.path[:0] = ["$REPO/src/sprout/sandbox"]; import runtime; sys.exit(runtime.main(sys.argv[1:]))' "\$@"
-EOF
-)
-if [ -x "$RUNTIME" ] && [ "$(cat "$RUNTIME")" = "$launcher" ]; then
+RUNTIME_SOURCE="$REPO/src/sprout/sandbox/runtime.c"
+runtime_stamp="$(sha256sum "$RUNTIME_SOURCE" | cut -d' ' -f1)"
+if [ -x "$RUNTIME" ] && [ "$(cat "$RUNTIME.source" 2>/dev/null)" = "$runtime_stamp" ]; then
   say ok "runtime: $RUNTIME"
 else
   mkdir -p "$(dirname "$RUNTIME")"
-  printf '%s\n' "$launcher" > "$RUNTIME.tmp" && chmod 755 "$RUNTIME.tmp" && mv "$RUNTIME.tmp" "$RUNTIME"
-  say done "runtime: wrote $RUNTIME"
+  gcc -O2 -Wall -Wextra -Werror -o "$RUNTIME.tmp" "$RUNTIME_SOURCE" 2>"$RUNTIME.errors" \
+    || die "compiling $RUNTIME_SOURCE failed: $(head -3 "$RUNTIME.errors")"
+  rm -f "$RUNTIME.errors" && mv "$RUNTIME.tmp" "$RUNTIME" && echo "$runtime_stamp" > "$RUNTIME.source"
+  say done "runtime: compiled $RUNTIME"
 fi
 
 # ---------------------------------------------------------------- base images

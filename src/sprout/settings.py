@@ -6,6 +6,8 @@ set by a test, a service or a shell before a call is what that call sees. A valu
 from this model (`python -m sprout.settings`), so the page and the code cannot drift.
 """
 
+import functools
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -103,7 +105,14 @@ OTHER_VARIABLES: dict[str, str] = {
 
 
 def settings() -> Settings:
-    """The settings as the environment gives them now."""
+    """The settings as the environment gives them now (read again whenever a SPROUT_ variable changed)."""
+    return _settings_from(tuple(sorted((k, v) for k, v in os.environ.items() if k.upper().startswith("SPROUT_"))))
+
+
+@functools.lru_cache(maxsize=16)
+def _settings_from(_variables: tuple[tuple[str, str], ...]) -> Settings:
+    """Settings are read ~5 times per sandbox started; building them takes ~3 ms, so each distinct
+    environment is read once (Settings is frozen: a cached one cannot be changed by its user)."""
     try:
         return Settings()
     except ValidationError as e:

@@ -4,9 +4,15 @@ import json
 import os
 import subprocess
 import sys
+import uuid
+from dataclasses import replace
+from unittest.mock import patch
 
-from sprout.sandbox.images import stand_in
-from tests.conftest import DEBIAN_IMAGE, REPO, RUNTIME_BIN
+from sprout.sandbox import Store
+from sprout.sandbox.backends import Check
+from sprout.sandbox.images import RECIPES, stand_in
+from sprout.worker import doctor
+from tests.conftest import DEBIAN_IMAGE, REPO, RUNTIME_BIN, drop_store
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -76,3 +82,19 @@ def test_doctor_boots_a_microvm_when_asked_for_that_backend():
     accel = checks["kvm"].split(":")[0]
     assert accel in ("kvm", "tcg") and checks["microvm smoke"].startswith(f"{accel}: boot ")
     assert "checkpoint" in checks["microvm smoke"] and "branch" in checks["microvm smoke"]
+
+
+def test_a_new_store_without_imported_images_passes_the_base_image_check(base_store):
+    """The store imports a base image when a sandbox first needs it: podman holding it is enough."""
+    root = base_store.root / "test-stores" / f"doctor-{uuid.uuid4().hex[:8]}"
+    try:
+        store = Store(root)
+        assert not store.images()
+        check = doctor._base_images(store)
+        assert check.ok and "python:3.11-slim" in check.detail, check
+        missing = replace(RECIPES[0], tags=("localhost/sprout-test/never-made:1",))
+        with patch.object(doctor, "RECIPES", (missing,)):
+            assert doctor._base_images(store) == Check(
+                "base images", False, "missing localhost/sprout-test/never-made:1: run sprout sandbox images bootstrap")
+    finally:
+        drop_store(root)

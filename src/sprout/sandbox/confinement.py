@@ -3,13 +3,14 @@
 It is read off the container's init process, which runc started with the same OCI process spec that
 `podman exec` applies (capability sets, no_new_privs, seccomp, user, env, rlimits), plus the
 container's cgroups from runc's state. The seccomp filter is dumped as BPF with ptrace
-(PTRACE_SECCOMP_GET_FILTER), so the runtime loads the container's own filter, byte for byte.
+(PTRACE_SECCOMP_GET_FILTER), so the runtime loads the container's own filter, byte for byte. The compiled
+runtime (runtime.c) reads it on every command, so it is written as plain lines (`write`, `read`).
 """
 
 import ctypes
 import json
-import marshal
 import os
+import re
 import resource
 import time
 from pathlib import Path
@@ -100,7 +101,7 @@ def dump_seccomp(pid: int, stop_timeout_s: float = STOP_TIMEOUT_S) -> list[bytes
 
 
 def capture(container_id: str) -> dict:
-    """The exec profile of a running container (see sprout/sandbox/runtime.py for how it is applied)."""
+    """The exec profile of a running container (see sprout/sandbox/runtime.c for how it is applied)."""
     state = runc_state(container_id)
     if state is None:
         raise SandboxStateError(f"container {container_id[:12]} is not running (no runc state)")
@@ -138,7 +139,62 @@ def capture(container_id: str) -> dict:
     }
 
 
+PROFILE_HEADER = "sprout-exec-profile 1"
+_SCALARS = ("container_id", "init_pid", "init_starttime", "uid", "gid", "no_new_privs", "umask", "freeze_lock")
+_INTS = {"init_pid", "init_starttime", "uid", "gid", "umask"}
+CAP_SETS = ("bnd", "eff", "prm", "inh", "amb")
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _unescape(value: str) -> str:
+    return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), value)
+
+
 def write(profile: dict, path: Path) -> None:
+    """The profile as lines `key value` (values escape backslash and newline), read by the compiled runtime
+    (runtime.c) on every command and by `read` here."""
+    lines = [PROFILE_HEADER]
+    lines += [f"{key} {_escape(str(int(profile[key]) if key == 'no_new_privs' else profile[key]))}"
+              for key in _SCALARS if key in profile]
+    lines.append("groups " + " ".join(map(str, profile["groups"])))
+    lines.append("caps " + " ".join(f"{profile['caps'][name]:x}" for name in CAP_SETS))
+    lines += [f"cgroup_procs {_escape(procs)}" for procs in profile["cgroup_procs"]]
+    lines += [f"rlimit {res} {soft} {hard}" for res, soft, hard in profile["rlimits"]]
+    lines += [f"seccomp {program.hex()}" for program in profile["seccomp"]]
+    lines += [f"env {_escape(f'{key}={value}')}" for key, value in profile["env"].items()]
     tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(marshal.dumps(profile))
+    tmp.write_bytes("\n".join(lines).encode(errors="surrogateescape") + b"\n")
     os.replace(tmp, path)
+
+
+def read(path: Path) -> dict:
+    """A profile `write` wrote; ValueError if the file is not one."""
+    lines = path.read_bytes().decode(errors="surrogateescape").split("\n")  # as runtime.c: \n ends a line
+    if not lines or lines[0] != PROFILE_HEADER:
+        raise ValueError(f"{path} is not an exec profile")
+    profile: dict = {"cgroup_procs": [], "rlimits": [], "seccomp": [], "env": {}, "groups": []}
+    for line in filter(None, lines[1:]):
+        key, _, value = line.partition(" ")
+        if key in _INTS:
+            profile[key] = int(value)
+        elif key == "no_new_privs":
+            profile[key] = value == "1"
+        elif key in _SCALARS:
+            profile[key] = _unescape(value)
+        elif key == "groups":
+            profile[key] = [int(g) for g in value.split()]
+        elif key == "caps":
+            profile[key] = {name: int(v, 16) for name, v in zip(CAP_SETS, value.split(), strict=True)}
+        elif key == "cgroup_procs":
+            profile[key].append(_unescape(value))
+        elif key == "rlimit":
+            profile["rlimits"].append([int(v) for v in value.split()])
+        elif key == "seccomp":
+            profile[key].append(bytes.fromhex(value))
+        elif key == "env":
+            name, _, text = _unescape(value).partition("=")
+            profile[key][name] = text
+    return profile

@@ -1,12 +1,11 @@
 """Running one command in a sandbox: through sprout-runtime (setns, fast) or `podman exec` (fallback).
 
-Both give the same result: merged stdout+stderr capped with a marker, the exit code, the duration,
+Either is only the client that enters the sandbox; everything else is here, so both give the same result: merged stdout+stderr capped with a marker, the exit code, the duration,
 and on timeout or cancellation every process the sandbox started while the command ran killed
-(runtime.kill_new_processes: setsid, double forks or a cleared environment do not escape it; a command
+(processes.kill_new_processes: setsid, double forks or a cleared environment do not escape it; a command
 running at the same time in the same sandbox loses what it started meanwhile too).
 """
 
-import marshal
 import os
 import selectors
 import subprocess
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .podman import command as podman_command
-from .runtime import kill_new_processes, processes
+from .processes import kill_new_processes, processes
 
 DEFAULT_MAX_OUTPUT = 1 << 20
 TIMEOUT_EXIT_CODE = 124
@@ -91,52 +90,35 @@ def _drain(proc: subprocess.Popen, limit: int, deadline: float | None) -> tuple[
         os.close(pidfd)
 
 
-def run_via_runtime(runtime_bin: Path, profile: Path, argv: list[str], cwd: str, env: dict[str, str],
-                    timeout: float | None, max_output: int, user: tuple[int, int, list[int]] | None = None
-                    ) -> ExecResult:
-    started = time.monotonic()
-    status_r, status_w = os.pipe()
-    cmd = [str(runtime_bin), "exec", "--profile", str(profile), "--cwd", cwd, "--status-fd", str(status_w)]
+def run_via_runtime(runtime_bin: Path, profile_path: Path, profile: dict, argv: list[str], cwd: str,
+                    env: dict[str, str], user: tuple[int, int, list[int]] | None, timeout: float | None,
+                    max_output: int) -> ExecResult:
+    """Through the compiled runtime (runtime.c): it enters the sandbox and execs, nothing more."""
+    cmd = [str(runtime_bin), "exec", "--profile", str(profile_path), "--cwd", cwd]
     if user is not None:
         uid, gid, groups = user
         cmd += ["--user", f"{uid}:{gid}:{','.join(map(str, groups))}"]
     for key, value in env.items():
         cmd += ["--env", f"{key}={value}"]
-    if timeout is not None:
-        cmd += ["--timeout", str(timeout)]
-    try:
-        proc = subprocess.Popen([*cmd, "--", *argv], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, pass_fds=(status_w,))
-    finally:
-        os.close(status_w)
-    try:
-        reader, _ = _drain(proc, max_output, None)  # the runtime enforces the timeout itself
-        proc.wait()
-        raw = os.read(status_r, 65536)
-    except BaseException:  # cancelled (e.g. Harbor's verifier timeout): the runtime kills the tree
-        proc.terminate()
-        proc.wait()
-        raise
-    finally:
-        os.close(status_r)
-        if proc.stdout:
-            proc.stdout.close()
-    status = marshal.loads(raw) if raw else {"exit_code": proc.returncode, "timed_out": False}
-    output, truncated = reader.text()
-    return ExecResult(output, status["exit_code"], time.monotonic() - started, bool(status["timed_out"]), truncated)
+    return _run_client([*cmd, "--", *argv], profile, timeout, max_output)
 
 
 def run_via_podman(container: str, profile: dict, argv: list[str], cwd: str, user: str,
                    env: dict[str, str], timeout: float | None, max_output: int) -> ExecResult:
-    started = time.monotonic()
     cmd = [*podman_command(), "exec", "--workdir", cwd]
     if user:
         cmd += ["--user", user]
     for key, value in env.items():
         cmd += ["--env", f"{key}={value}"]
+    return _run_client([*cmd, container, *argv], profile, timeout, max_output)
+
+
+def _run_client(cmd: list[str], profile: dict, timeout: float | None, max_output: int) -> ExecResult:
+    """Runs the client that enters the sandbox (the runtime or `podman exec`) and reads its output; at the
+    timeout, or if the caller is interrupted, every process the sandbox started meanwhile is killed."""
+    started = time.monotonic()
     before = processes(profile["cgroup_procs"])
-    proc = subprocess.Popen([*cmd, container, *argv], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = None if timeout is None else started + timeout
     try:
         reader, timed_out = _drain(proc, max_output, deadline)

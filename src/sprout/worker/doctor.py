@@ -1,5 +1,6 @@
 """Host checks for `sprout doctor`: one line per check, each saying what to do when it fails."""
 
+import hashlib
 import os
 import resource
 import shutil
@@ -9,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from ..checkout import RUNTIME_LAUNCHER
+from ..checkout import RUNTIME_LAUNCHER, RUNTIME_SOURCE
 from ..errors import SproutError
 from ..sandbox import Store, backends, podman, shell, trust
 from ..sandbox.backends import Check
@@ -116,12 +117,16 @@ def _host_trust() -> Check:
 
 
 def _base_images(store: Store) -> Check:
+    """Each base image is in the store, or in podman (the store imports it when a sandbox first needs it)."""
     missing = []
     for recipe in RECIPES:
         try:
             store.image(recipe.tags[0])
         except SproutError:
-            missing.append(recipe.tags[0])
+            try:
+                podman.inspect_image(recipe.tags[0])
+            except SproutError:
+                missing.append(recipe.tags[0])
     if missing:
         return Check("base images", False, f"missing {', '.join(missing)}: run sprout sandbox images bootstrap")
     names = ", ".join(r.tags[0].removeprefix("docker.io/library/") for r in RECIPES)
@@ -138,6 +143,12 @@ def _runtime_bin(runtime_bin: Path) -> Check:
         return Check("runtime", False, f"{runtime_bin} is missing (ops/setup_podman.sh writes it)")
     if not os.access(runtime_bin, os.X_OK):
         return Check("runtime", False, f"{runtime_bin} is not executable (chmod +x it)")
+    compiled_from = runtime_bin.with_name(runtime_bin.name + ".source")  # the set-up script's stamp
+    if RUNTIME_SOURCE.exists() and (runtime_bin == RUNTIME_LAUNCHER or compiled_from.exists()):
+        source = hashlib.sha256(RUNTIME_SOURCE.read_bytes()).hexdigest()
+        if not compiled_from.exists() or compiled_from.read_text().strip() != source:
+            return Check("runtime", False, f"{runtime_bin} was not compiled from this checkout's runtime.c "
+                                           "(run ops/setup_podman.sh again)")
     return Check("runtime", True, str(runtime_bin))
 
 

@@ -3,14 +3,13 @@ confined as podman confines any container. Commands run through the confined run
 `podman exec`; a checkpoint freezes the container's processes (cgroup freezer) while the filesystem is
 flushed and snapshotted. Its files are a host directory, reached by resolving every path inside it."""
 
-import marshal
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import btrfs, confinement, execution, podman, rootfs, runtime, trust, users
+from .. import btrfs, confinement, execution, podman, processes, rootfs, trust, users
 from ..diff import Tree, host_trees
 from ..errors import CommandError, SandboxStateError
 from ..execution import ExecResult
@@ -54,7 +53,7 @@ class ContainerBackend:
         if spec.network and sandbox.limits.get("network_connected") is False:  # as it was switched last
             podman.set_network(sandbox.container, False)
         sandbox.profile_path.parent.mkdir(parents=True, exist_ok=True)
-        lock = sandbox.profile_path.parent / "freeze.lock"  # serializes freezes (runtime.frozen)
+        lock = sandbox.profile_path.parent / "freeze.lock"  # serializes freezes (processes.frozen)
         confinement.write(confinement.capture(container_id) | {"freeze_lock": str(lock)}, sandbox.profile_path)
 
     def stop(self, sandbox: "Sandbox") -> None:
@@ -90,8 +89,8 @@ class ContainerBackend:
             runtime_bin = sandbox.store.runtime_bin
             if runtime_bin is not None:
                 identity = users.resolve(sandbox.path, user) if user is not None else None
-                return execution.run_via_runtime(runtime_bin, sandbox.profile_path, argv, cwd, env, timeout,
-                                                 max_output, identity)
+                return execution.run_via_runtime(runtime_bin, sandbox.profile_path, profile, argv, cwd, env,
+                                                 identity, timeout, max_output)
             return execution.run_via_podman(sandbox.container, profile, argv, cwd,
                                             str(user) if user is not None else sandbox.image.config.user, env,
                                             timeout, max_output)
@@ -104,7 +103,7 @@ class ContainerBackend:
         # writes back only what came since, so after a big write the sandbox stands still for
         # milliseconds, not for the second its writeback takes.
         btrfs.flush(sandbox.path)
-        with runtime.frozen(profile) if profile else nullcontext(True) as ok:
+        with processes.frozen(profile) if profile else nullcontext(True) as ok:
             if not ok:
                 raise SandboxStateError(f"cannot checkpoint {sandbox.id}: its processes did not freeze in time")
             btrfs.snapshot(sandbox.path, dest, readonly=True)
@@ -132,10 +131,10 @@ class ContainerBackend:
 def profile_of(sandbox: "Sandbox") -> dict | None:
     """The running container's confinement profile (written when it started), None when it is not running."""
     try:
-        profile = marshal.loads(sandbox.profile_path.read_bytes())
+        profile = confinement.read(sandbox.profile_path)
         if confinement.proc_starttime(profile["init_pid"]) == profile["init_starttime"]:
             return profile
-    except (OSError, ValueError, EOFError, KeyError):
+    except (OSError, ValueError, KeyError):
         pass
     return None
 
@@ -154,8 +153,8 @@ def _killed_on(cancel: threading.Event | None, profile: dict) -> Iterator[None]:
     if cancel is None:
         yield
         return
-    before = runtime.processes(profile["cgroup_procs"])
-    with execution.on_cancel(cancel, lambda: runtime.kill_new_processes(profile, before), "exec-cancel"):
+    before = processes.processes(profile["cgroup_procs"])
+    with execution.on_cancel(cancel, lambda: processes.kill_new_processes(profile, before), "exec-cancel"):
         yield
 
 
