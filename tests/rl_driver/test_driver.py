@@ -431,13 +431,18 @@ def test_over_a_run_store_a_worker_killed_mid_group_still_yields_the_group(tasks
         assert all(t["metadata"]["job_id"] for t in result["trajectories"])
         assert sandbox_ids() <= before
     finally:
-        if driver is not None:
-            driver.stop()
-        for proc in workers:
-            proc.send_signal(signal.SIGTERM)
-        for proc in workers:
-            proc.wait(timeout=60)
-        services(cfg, "down")
+        stop_fleet(driver, workers, cfg)
+
+
+def stop_fleet(driver: "DriverProcess | None", workers: list[subprocess.Popen], cfg: Path) -> None:
+    """Stops a test's driver, its workers (they drain) and its services."""
+    if driver is not None:
+        driver.stop()
+    for proc in workers:
+        proc.send_signal(signal.SIGTERM)
+    for proc in workers:
+        proc.wait(timeout=60)
+    services(cfg, "down")
 
 
 def test_samples_run_and_are_graded_in_microvms(tasks, tmp_path):

@@ -51,7 +51,7 @@ def test_submit_get_and_payload_validation(store: RunStore) -> None:
     assert store.get(job.id) == job
 
     with pytest.raises(
-        UnknownKind, match="unknown job kind 'nope'; registered kinds: gate, grade, review, rollout"
+        UnknownKind, match="unknown job kind 'nope'; registered kinds: gate, grade, prepare, review, rollout"
     ):
         store.submit("nope", {})
     with pytest.raises(InvalidPayload, match="invalid payload for kind 'grade': task_dir: Field required"):

@@ -5,7 +5,8 @@ function). Each sample runs as a Run Store job when SPROUT_RUNSTORE_URL and SPRO
 set (start workers next to it: `sprout services up`), else in --local-slots slots here.
 Callers must send `Authorization: Bearer $SPROUT_RL_DRIVER_TOKEN` when that variable is set.
 `prepare` builds every task's image (as `sprout prepare` does) and writes one Miles prompt line per
-runnable task: {"prompt": [{"role": "user", "content": <instruction>}], "metadata": {"task_id", "image"}}.
+runnable task: {"prompt": [{"role": "user", "content": <instruction>}], "metadata": {"task_id", "image"}};
+with --hosts it also imports the images on the Run Store's worker hosts (one prepare job per host).
 """
 
 import argparse
@@ -73,7 +74,35 @@ def cmd_prepare(args) -> int:
     args.output.write_text("".join(line + "\n" for line in lines))
     console.print(f"wrote {len(lines)} of {len(manifest.tasks)} tasks to {args.output} "
                   f"(preparation manifest {manifest_path})")
+    runnable = [Path(args.tasks_dir) / t.name for t in manifest.tasks if not t.problem and t.image is not None]
+    if args.hosts is not None and runnable:
+        return 0 if _prepare_hosts(runnable, args.hosts, args.pull) and lines else 1
     return 0 if lines else 1
+
+
+def _prepare_hosts(tasks: list[Path], hosts: list[str], pull) -> bool:
+    """Sends the tasks' images to `hosts` (every live worker host when empty); whether all are ready."""
+    import time
+
+    from ..jobs.hosts import prepare_hosts
+    from ..jobs.remote import configured_client
+
+    client = configured_client()
+    if client is None:
+        raise SproutError("--hosts prepares the workers of a Run Store: set SPROUT_RUNSTORE_URL and "
+                          "SPROUT_RUNSTORE_TOKEN (`eval $(sprout services env)`)")
+    started = time.monotonic()
+    console.print(f"preparing {len(tasks)} task image(s) on {', '.join(hosts) or 'every live worker host'}")
+
+    def report(result) -> None:
+        console.print(f"  {result.host}: {len(result.ready)} ready, {len(result.failed)} failed "
+                      f"({time.monotonic() - started:.1f}s)", markup=False)
+        for task, problem in result.failed.items():
+            errors.print(f"    {Path(task).name}: {problem}")
+
+    with client:
+        results = prepare_hosts(client, tasks, hosts=hosts, pull=pull, on_host=report)
+    return all(not r.failed for r in results)
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -101,4 +130,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     flags.output(s, "the prompt file to write (miles.jsonl)")
     s.add_argument("--manifest", type=Path, help="the preparation manifest (default OUTPUT with .prep.json)")
     flags.add(s, "exclude_flaky", "pull", "store")
+    s.add_argument("--hosts", nargs="*", metavar="HOST", help=(
+        "also import the images on these worker hosts of the Run Store (no names: every live host), one "
+        "prepare job each, so no sample pays a pull or import; exit 1 if any host failed"))
     s.set_defaults(func=cmd_prepare)

@@ -115,8 +115,24 @@ class GatePayload(Payload):
     backend: BackendName = backends.DEFAULT
 
 
+class PreparePayload(Payload):
+    """Import the images of tasks into the store of the host that takes the job (it names one host), ahead
+    of the samples that need them. `tasks`: task directories on a filesystem the host shares."""
+
+    tasks: list[str] = Field(min_length=1, max_length=10_000)
+    pull: Literal["missing", "always", "never"] | None = None  # the pull policy (default: the worker's)
+
+
+class PrepareResult(Payload):
+    """What a prepare job returns: per task directory, the image reference ready on `host`, or why not."""
+
+    host: str
+    ready: dict[str, str] = {}
+    failed: dict[str, str] = {}
+
+
 KINDS: dict[str, type[Payload]] = {"rollout": RolloutPayload, "grade": GradePayload, "swe-grade": SweGradePayload,
-                                   "review": ReviewPayload, "gate": GatePayload}
+                                   "review": ReviewPayload, "gate": GatePayload, "prepare": PreparePayload}
 
 
 def job_kinds(endpoints: Collection[str] = ()) -> JobKinds:

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
 from ..sandbox import SproutError, Store
-from .config import DriverConfig, TaskNotServed
+from .config import DriverConfig, TaskNotServed, served_task_dirs
 from .groups import Driver, GroupConflict, GroupNotFound, RequestRefused
 from .ledger import Ledger
 from .protocol import RolloutGroupRequest
@@ -38,6 +38,7 @@ def make_driver(config: DriverConfig) -> Driver:
 
         client = RunStoreClient(*runstore)
         samples = RunStoreSamples(client, config.poll_interval_s, config.backend)
+        samples.prepare(served_task_dirs(config))
         return Driver(config, ledger, samples, slots=RUNSTORE_WAITERS)
     # with an owner: a killed driver's leftovers are reaped
     store = Store(runtime_bin=config.runtime_bin, owner={"worker": "rl-driver"}, backend=config.backend)

@@ -25,6 +25,7 @@ from ..method.review import ReviewerConfig
 from ..sandbox import backends
 from ..sandbox.backends import BackendName
 from ..settings import settings
+from ..tasks.dataset import task_dirs
 from ..tasks.pull import PullPolicy
 from ..tasks.swe_rebench import SweRebenchRef
 
@@ -146,6 +147,13 @@ class ServedTask:
 
     task_dir: Path | None = None
     swe: SweRebenchRef | None = None
+
+
+def served_task_dirs(config: DriverConfig) -> list[Path]:
+    """The Harbor task directories this driver serves (their images go to every host ahead of time)."""
+    listed = [e.task_dir.expanduser().resolve() for e in config.miles.tasks.values() if e.task_dir is not None]
+    found = task_dirs(config.tasks_dir.expanduser().resolve()) if config.tasks_dir is not None else []
+    return sorted(set(listed) | {d.resolve() for d in found})
 
 
 def served_task(config: DriverConfig, task_id: str) -> ServedTask:

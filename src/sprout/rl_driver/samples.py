@@ -10,6 +10,7 @@ Run Store, workers call a URL a job names with no key at all (sprout.jobs.endpoi
 """
 
 import hashlib
+import logging
 import math
 import os
 import threading
@@ -25,9 +26,10 @@ from harbor.models.trial.paths import EnvironmentPaths
 from ..agent.journal import Journal, read_journal
 from ..agent.models import Endpoint, SamplingParams
 from ..agent.runner import InsertedTurn, RolloutCancelled, RolloutSpec
+from ..jobs.hosts import HostImages, prepare_hosts
 from ..jobs.journals import discard
 from ..jobs.local import RolloutDone, RolloutRequest, rollout_here
-from ..jobs.payloads import RolloutResult, rollout_payload
+from ..jobs.payloads import PrepareResult, RolloutResult, rollout_payload
 from ..jobs.remote import submit_job, wait_job
 from ..sandbox import Store
 from ..sandbox.errors import CheckpointNotFound, SproutError
@@ -41,7 +43,9 @@ from .protocol import RolloutGroupRequest, SampleSlot, prompt_message_text
 MODEL_CLASS = "tools"
 STOP_REASONS = {"LimitsExceeded": "max_turns_reached", "TimeExceeded": "timeout"}
 SAMPLING_KEYS = {"temperature", "top_p", "top_k", "stop", "max_new_tokens"}
+log = logging.getLogger("sprout.rl_driver")
 AFFINITY_S = 60.0  # how long a branch job waits for the worker that holds its checkpoint
+IMAGE_AFFINITY_S = 10.0  # how long a sample waits for a host holding its image (an import costs ~1.5 s)
 
 
 @dataclass
@@ -153,6 +157,23 @@ class RunStoreSamples:
     def __init__(self, client, wait_s: float, backend: str = "container"):
         self.client, self.wait_s, self.backend = client, wait_s, backend
         self.detach = threading.Event()
+        self.images = HostImages()  # which hosts hold which task's image: a sample prefers those
+
+    def prepare(self, tasks: list[Path]) -> None:
+        """Imports the tasks' images on every live worker host, in the background; hosts that report them
+        ready are preferred for those tasks' samples from then on."""
+        def run() -> None:
+            def report(result: PrepareResult) -> None:
+                self.images.add(result)
+                log.info("host %s: %d task image(s) ready, %d failed%s", result.host, len(result.ready),
+                         len(result.failed), "".join(f"; {Path(t).name}: {p}" for t, p in result.failed.items()))
+            try:
+                prepare_hosts(self.client, tasks, on_host=report)
+            except SproutError as e:
+                log.warning("could not prepare the task images on the workers' hosts: %s", e)
+
+        if tasks:
+            threading.Thread(target=run, name="prepare-hosts", daemon=True).start()
 
     def run(self, plan: SamplePlan, stop: threading.Event, on_job: Callable[[int], None]) -> RolloutDone:
         if plan.job_id is not None:
@@ -160,8 +181,12 @@ class RunStoreSamples:
         else:
             payload = rollout_payload(plan.rollout_request(), plan.task_dir, deadline_unix=plan.deadline_unix,
                                       swe=plan.swe, grade_wall_s=plan.grade_wall_s, backend=self.backend)
-            affinity = {"host": plan.branch.host, "affinity_timeout_s": AFFINITY_S} if plan.branch and plan.branch.host \
-                else {}  # a branch goes where its checkpoint is (else it is shipped)
+            # a branch goes where its checkpoint is (else it is shipped), a sample where its image is
+            if plan.branch and plan.branch.host:
+                affinity: dict[str, Any] = {"host": plan.branch.host, "affinity_timeout_s": AFFINITY_S}
+            else:
+                host = self.images.host_for(plan.task_dir) if plan.task_dir else None
+                affinity = {"host": host, "affinity_timeout_s": IMAGE_AFFINITY_S} if host else {}
             job = submit_job(self.client, payload, group_id=plan.group_id[:200], idempotency_key=plan.attempt,
                              **affinity)
             on_job(job.id)

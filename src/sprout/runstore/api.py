@@ -107,8 +107,16 @@ def create_app(
         return JSONResponse({"status": "ok", "database": store.dialect, "schema_version": version})
 
     _add_submitter_routes(app, api, [require(Scope.SUBMITTER)])
+    _add_host_list_route(app, api, [require(Scope.SUBMITTER)])
     _add_worker_routes(app, api, [require(Scope.WORKER)])
     return app
+
+
+def _add_host_list_route(app: FastAPI, api: "_Api", submitter: list[Any]) -> None:
+    @app.get("/v1/hosts", dependencies=submitter, tags=["submitter"])
+    async def list_hosts(seen_within_s: Annotated[float, Query(gt=0, le=86400)] = 180.0) -> list[Host]:
+        """The hosts whose workers registered within `seen_within_s` (they do every minute)."""
+        return await api.call(api.store.hosts, seen_within_s, changed=False)
 
 
 class _Api:

@@ -9,6 +9,7 @@ retried submit cannot create a second job.
 
 from __future__ import annotations
 
+import builtins
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -208,6 +209,11 @@ class RunStoreClient:
         return Host.model_validate(
             self._request("PUT", f"/v1/hosts/{name}", json=body, retry_for_s=retry_for_s)
         )
+
+    def hosts(self, seen_within_s: float = 180.0) -> builtins.list[Host]:
+        """The live hosts: those whose workers registered within `seen_within_s`."""
+        data = self._request("GET", "/v1/hosts", params={"seen_within_s": seen_within_s})
+        return [Host.model_validate(h) for h in data]
 
     def host(self, name: str) -> Host:
         """The host a worker registered (raises HostNotFound)."""

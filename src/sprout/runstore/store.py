@@ -261,6 +261,13 @@ class RunStore:
         self._run(lambda conn: conn.execute(q.UPSERT_HOST, values))
         return Host(name=name, ship_url=ship_url, seen_at=_dt(seen_at))
 
+    def hosts(self, seen_within_s: float) -> builtins.list[Host]:
+        """The hosts whose workers registered in the last `seen_within_s` seconds (live ones), by name."""
+        since = self._clock() - seen_within_s
+        rows = self._run(lambda conn: conn.execute(select(hosts).where(hosts.c.seen_at >= since)
+                                                   .order_by(hosts.c.name)).all(), write=False)
+        return [Host(name=r.name, ship_url=r.ship_url, seen_at=_dt(r.seen_at)) for r in rows]
+
     def host(self, name: str) -> Host | None:
         row = self._run(lambda conn: conn.execute(select(hosts).where(hosts.c.name == name)).first(), write=False)
         return None if row is None else Host(name=row.name, ship_url=row.ship_url, seen_at=_dt(row.seen_at))

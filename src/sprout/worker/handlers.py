@@ -14,12 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from ..agent.journal import Journal, read_journal
+from ..agent.runner import RolloutCancelled
+from ..errors import SproutError
 from ..jobs.endpoints import resolve
 from ..jobs.journals import discard
 from ..jobs.local import rollout_here
 from ..jobs.payloads import (
     GatePayload,
     GradePayload,
+    PreparePayload,
+    PrepareResult,
     ReviewPayload,
     RolloutOptions,
     RolloutPayload,
@@ -31,8 +35,8 @@ from ..method.review import Reviewer
 from ..runstore.models import Claim
 from ..sandbox import Store
 from ..sandbox.errors import CheckpointNotFound
+from ..tasks import ensure_image, load_task
 from ..tasks import grade as grade_checkpoint
-from ..tasks import load_task
 from ..tasks.swe_rebench.rollout import GRADE_WALL_S, grade_swe
 from ..tasks.swe_rebench.rollout import grade_checkpoint as grade_swe_checkpoint
 
@@ -135,5 +139,25 @@ def gate(claim: Claim, _stop: threading.Event) -> dict[str, Any]:
     return result.model_dump(mode="json")
 
 
+def prepare(claim: Claim, stop: threading.Event) -> dict[str, Any]:
+    """Each task's image, built, pulled or imported into this host's store (sprout.jobs.payloads.PreparePayload);
+    a task that cannot be prepared is listed with its problem and the others go on."""
+    payload = PreparePayload.model_validate(claim.job.payload)
+    store, result = store_for(claim), PrepareResult(host=_host(claim))
+    for task_dir in payload.tasks:
+        if stop.is_set():
+            raise RolloutCancelled("the prepare job was stopped")
+        try:
+            task = load_task(Path(task_dir))
+            image = ensure_image(store, task.paths.environment_dir, task.config.environment, name=Path(task_dir).name,
+                                 pull=payload.pull)
+        except SproutError as e:
+            result.failed[task_dir] = str(e).splitlines()[0][:500] if str(e) else type(e).__name__
+        else:
+            result.ready[task_dir] = image.reference
+    return result.model_dump(mode="json")
+
+
 def default_handlers() -> dict[str, Any]:
-    return {"rollout": rollout, "grade": grade, "swe-grade": swe_grade, "review": review, "gate": gate}
+    return {"rollout": rollout, "grade": grade, "swe-grade": swe_grade, "review": review, "gate": gate,
+            "prepare": prepare}
