@@ -154,8 +154,11 @@ class DriverProcess:
 
 
 def write_config(path: Path, tasks_dir: Path, **extra) -> Path:
+    """A driver config for the tests; over a Run Store, the hosts are prepared at start only where asked
+    (test_prepare_hosts): elsewhere the workers' store already holds the images."""
     config = {"tasks_dir": str(tasks_dir), "data_dir": str(path.parent / "data"), "local_slots": 4,
-              "runtime_bin": str(RUNTIME_BIN), "miles": {"api_key_env": "SPROUT_MODEL_API_KEY"}, **extra}
+              "runtime_bin": str(RUNTIME_BIN), "miles": {"api_key_env": "SPROUT_MODEL_API_KEY"},
+              "prepare_hosts": False, **extra}
     path.write_text(json.dumps(config))
     return path
 

@@ -85,7 +85,8 @@ def test_prepare_imports_the_images_on_every_live_host(tasks, tmp_path):
             prepare_hosts(client, [tasks_dir / "py-bugfix"], hosts=["host-a", "host-z"])
 
         # the RL driver sends its tasks to every live host at start and logs what each holds
-        driver = DriverProcess(write_config(tmp_path / "driver.json", tasks_dir), free_port(), env=exports).start()
+        driver = DriverProcess(write_config(tmp_path / "driver.json", tasks_dir, prepare_hosts=True), free_port(),
+                               env=exports).start()
         deadline = time.monotonic() + 120
         while not all(f"host {h}: 2 task image(s) ready, 0 failed" in driver.log.read_text()
                       for h in ("host-a", "host-b")):

@@ -38,7 +38,8 @@ def make_driver(config: DriverConfig) -> Driver:
 
         client = RunStoreClient(*runstore)
         samples = RunStoreSamples(client, config.poll_interval_s, config.backend)
-        samples.prepare(served_task_dirs(config))
+        if config.prepare_hosts:
+            samples.prepare(served_task_dirs(config))
         return Driver(config, ledger, samples, slots=RUNSTORE_WAITERS)
     # with an owner: a killed driver's leftovers are reaped
     store = Store(runtime_bin=config.runtime_bin, owner={"worker": "rl-driver"}, backend=config.backend)

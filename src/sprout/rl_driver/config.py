@@ -103,6 +103,7 @@ class DriverConfig(_Config):
     token_limit: int = Field(defaults.TOKEN_LIMIT, ge=1)  # tokens per sample, all calls together
     max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     abandon_after_s: float | None = Field(120.0, gt=0)  # a running group no client polled this long is cancelled
+    prepare_hosts: bool = True  # over a Run Store: import the served tasks' images on every live host at start
     keep_checkpoints: bool = False  # keep a DELETEd group's checkpoints (default: released, as evaluation does)
     miles: MilesSection = MilesSection()
 
