@@ -1,6 +1,7 @@
 """Host affinity across two stores: a branch whose checkpoint is on a busy host is claimed by another
 host's worker, which ships the checkpoint over the first worker's checkpoint server (btrfs send |
-btrfs receive, incremental the second time), then runs the branch there."""
+btrfs receive, incremental the second time), then runs the branch there; once that host is gone, a branch
+from a checkpoint only it held fails at once, saying so."""
 
 import os
 import subprocess
@@ -20,6 +21,7 @@ from sprout.runstore.client import RunStoreClient
 from sprout.runstore.store import RunStore
 from sprout.sandbox import Store
 from sprout.sandbox.errors import SproutError
+from sprout.sandbox.ship import holds
 from sprout.testing.scripted_model import ScriptedModelServer
 from sprout.worker.shipping import HttpSource
 from tests.conftest import PYTHON_IMAGE, REPO, RUNTIME_BIN
@@ -113,9 +115,24 @@ def test_busy_host_checkpoint_is_shipped_to_the_claiming_host(base_store, other_
             gone = submitter.submit("rollout", {"task": "t", "model": "scripted", "turn": 1, "from_checkpoint": "cp-x",
                                                 "options": {"endpoint": {"url": model.base_url},
                                                             "journal": str(tmp_path / "g")}},
-                                    host="host-c", affinity_timeout_s=0, max_attempts=1)
+                                    host="host-c", affinity_timeout_s=0)
             gone = wait_for(submitter, gone.id)
             assert gone.state == "failed" and "cp-x is on host host-c, whose worker serves no checkpoints" in gone.error
+            assert gone.attempts == 1  # not retried: no other try could find it
+
+            # host-a dies (its worker and so its checkpoint server, SIGKILLed): a branch from a checkpoint only
+            # it held fails at once with the reason, rather than being tried again
+            cp3 = read_journal(first.journal).turns[2].checkpoint
+            assert cp3 and not holds(other_store, cp3)
+            workers[0].kill()
+            workers[0].wait()
+            started = time.monotonic()
+            lost = branch(3, cp3, "b3")
+            assert lost.state == "failed" and lost.attempts == 1 and lost.lease_host == "host-b", lost
+            assert (f"CheckpointUnavailable: checkpoint {cp3} exists only on host host-a, and its checkpoint server "
+                    f"at {ship_url} does not answer") in lost.error
+            assert "the host is down or its worker is gone, so nothing can start from it" in lost.error
+            assert time.monotonic() - started < 30  # the 1 s affinity, a claim and one failed fetch
     finally:
         for worker in workers:
             worker.terminate()

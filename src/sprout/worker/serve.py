@@ -32,6 +32,7 @@ from ..errors import SproutError, UsageError
 from ..runstore.client import RunStoreClient
 from ..runstore.errors import LeaseLost, RunStoreError
 from ..runstore.models import Claim
+from .shipping import CheckpointUnavailable, fetch_checkpoint
 
 Handler = Callable[[Claim, threading.Event], Any]  # the event is set when the job must stop
 Fetch = Callable[[Claim], dict[str, Any] | None]  # brings a job's checkpoint here; says what moved
@@ -152,9 +153,10 @@ class Worker:
             if stop.is_set():
                 self._stopped(claim, e)
                 return
-            log.error("job %d failed: %s", job.id, e)
+            retry = not isinstance(e, CheckpointUnavailable)  # another try would not find it either
+            log.error("job %d failed%s: %s", job.id, "" if retry else " (not retried)", e)
             error = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=5)}"
-            self._report(lambda: self.client.fail(job.id, claim.lease_token, error))
+            self._report(lambda: self.client.fail(job.id, claim.lease_token, error, retry=retry))
         else:
             done.set()
             self._report(lambda: self.client.complete(job.id, claim.lease_token, result))
@@ -202,7 +204,6 @@ class WorkerConfig(BaseModel):
 def serve(config: WorkerConfig) -> None:
     """Runs the worker until SIGTERM or SIGINT (then it drains); reaps first what a killed worker left."""
     from .handlers import default_handlers, store_for
-    from .shipping import fetch_checkpoint
 
     for noisy in ("LiteLLM", "httpx", "minisweagent"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

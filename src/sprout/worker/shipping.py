@@ -39,6 +39,11 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")  # ids and image keys; 
 KINDS: tuple[Kind, ...] = ("images", "checkpoints")
 
 
+class CheckpointUnavailable(SproutError):
+    """A job's checkpoint cannot be had from the host that holds it (gone, or never serving): trying the
+    job again elsewhere cannot help, so its worker fails it without a retry."""
+
+
 def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
@@ -140,6 +145,8 @@ class HttpSource:
     def _get(self, path: str) -> httpx.Response:
         try:
             response = self._http.get(path)
+        except httpx.ConnectError as e:  # nothing listens there any more: the host or its worker is gone
+            raise CheckpointUnavailable(f"its checkpoint server at {self.url} does not answer ({e})") from None
         except httpx.TransportError as e:
             raise SproutError(f"cannot reach the checkpoint server at {self.url}: {e}") from None
         if response.status_code == 401:
@@ -192,14 +199,17 @@ def fetch_checkpoint(claim: Claim, client: RunStoreClient, store: Store, token: 
     try:
         host = client.host(claim.ship_from)
     except HostNotFound:
-        raise SproutError(f"checkpoint {checkpoint} is on host {claim.ship_from}, which no worker has "
-                          "registered") from None
+        raise CheckpointUnavailable(f"checkpoint {checkpoint} is on host {claim.ship_from}, which no worker has "
+                                    "registered") from None
     if not host.ship_url:
-        raise SproutError(f"checkpoint {checkpoint} is on host {claim.ship_from}, whose worker serves no "
-                          "checkpoints (start it with --ship-listen)")
+        raise CheckpointUnavailable(f"checkpoint {checkpoint} is on host {claim.ship_from}, whose worker serves no "
+                                    "checkpoints (start it with --ship-listen)")
     source = HttpSource(host.ship_url, token)
     try:
         report = receive(store, source, checkpoint)
+    except CheckpointUnavailable as e:
+        raise CheckpointUnavailable(f"checkpoint {checkpoint} exists only on host {claim.ship_from}, and {e}: "
+                                    "the host is down or its worker is gone, so nothing can start from it") from None
     finally:
         source.close()
     log.info("job %d: shipped %s from %s (%s, %d bytes, %.2fs)", claim.job.id, checkpoint, claim.ship_from,
