@@ -1,7 +1,8 @@
 """Running one command in a sandbox: through sprout-runtime (setns, fast) or `podman exec` (fallback).
 
-Either is only the client that enters the sandbox; everything else is here, so both give the same result: merged stdout+stderr capped with a marker, the exit code, the duration,
-and on timeout or cancellation every process the sandbox started while the command ran killed
+Either is only the client that enters the sandbox; everything else is here, so both give the same
+result: merged stdout+stderr capped with a marker, the exit code, the duration, and on timeout or
+cancellation every process the sandbox started while the command ran killed
 (processes.kill_new_processes: setsid, double forks or a cleared environment do not escape it; a command
 running at the same time in the same sandbox loses what it started meanwhile too).
 """
