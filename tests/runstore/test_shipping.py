@@ -14,7 +14,7 @@ import pytest
 from sprout.agent.journal import read_journal
 from sprout.agent.models import Endpoint
 from sprout.agent.runner import RolloutSpec, run_rollout
-from sprout.jobs.payloads import job_kinds
+from sprout.jobs.payloads import RolloutResult, job_kinds
 from sprout.runstore.api import create_app
 from sprout.runstore.auth import Scope, hash_token, new_token
 from sprout.runstore.client import RunStoreClient
@@ -97,16 +97,18 @@ def test_busy_host_checkpoint_is_shipped_to_the_claiming_host(base_store, other_
             one = branch(1, cp1, "b1")
             assert one.state == "succeeded", one.error
             assert (one.lease_host, one.shipped_from, one.result["host"]) == ("host-b", "host-a", "host-b")
-            shipped = one.result["shipped"]
+            # what a submitter reads (an evaluation, the RL driver): the same contract, shipping included
+            shipped = RolloutResult.model_validate(one.result).shipped
             image_key = here.checkpoint(cp1).image_key
-            assert shipped["subvolumes"] == [image_key, cp1] and shipped["parent"] == image_key
+            assert shipped and (shipped.host, shipped.checkpoint) == ("host-a", cp1)
+            assert shipped.subvolumes == [image_key, cp1] and shipped.parent == image_key
             assert read_journal(tmp_path / "b1.jsonl").turns[0].observation.split() == ["first", "f"]
 
             two = branch(2, cp2, "b2")
             assert two.state == "succeeded", two.error
-            shipped = two.result["shipped"]
-            assert shipped["subvolumes"] == [cp2] and shipped["parent"] == cp1  # incremental
-            assert shipped["bytes"] < 3 * 1024 * 1024  # the turn's delta, not the rootfs
+            shipped = RolloutResult.model_validate(two.result).shipped
+            assert shipped and shipped.subvolumes == [cp2] and shipped.parent == cp1  # incremental
+            assert shipped.bytes < 3 * 1024 * 1024  # the turn's delta, not the rootfs
             assert read_journal(tmp_path / "b2.jsonl").turns[0].observation.split() == ["first", "second", "blob", "f"]
             assert other_store.checkpoint(cp2).parent == cp1 and read_journal(tmp_path / "b2.jsonl").header.host
 

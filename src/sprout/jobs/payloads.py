@@ -146,15 +146,30 @@ def kind_of(payload: Payload) -> str:
     return next(name for name, model in KINDS.items() if isinstance(payload, model))
 
 
+class Shipped(Payload):
+    """What a worker shipped before it ran a job claimed away from the host holding its checkpoint
+    (sprout.worker.shipping): the subvolumes sent in order (an image first when it lacked it) and what the
+    checkpoint's stream was made against (None: a full send)."""
+
+    host: str  # shipped from
+    checkpoint: str
+    subvolumes: list[str]
+    parent: str | None
+    bytes: int
+    seconds: float
+
+
 class RolloutResult(Payload):
     """What a rollout job returns. `host`: where its checkpoints are (the worker that made them, not one
-    that reports them later); `grade`: its live grade, when one was asked for and there was a turn."""
+    that reports them later); `grade`: its live grade, when one was asked for and there was a turn;
+    `shipped`: set by the worker when it shipped the branch's checkpoint first."""
 
     outcome: Outcome
     journal: str
     checkpoints: list[str]
     host: str
     grade: GradeResult | None = None
+    shipped: Shipped | None = None
 
     def done(self) -> RolloutDone:
         return RolloutDone(self.outcome, self.host, self.grade, self.checkpoints)

@@ -29,13 +29,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import SproutError, UsageError
+from ..jobs.payloads import Shipped
 from ..runstore.client import RunStoreClient
 from ..runstore.errors import LeaseLost, RunStoreError
 from ..runstore.models import Claim
 from .shipping import CheckpointUnavailable, fetch_checkpoint
 
 Handler = Callable[[Claim, threading.Event], Any]  # the event is set when the job must stop
-Fetch = Callable[[Claim], dict[str, Any] | None]  # brings a job's checkpoint here; says what moved
+Fetch = Callable[[Claim], Shipped | None]  # brings a job's checkpoint here; says what moved
 REGISTER_EVERY_S = 60.0
 HEARTBEAT_MAX_S = 2.0  # a cancelled job's handler is told to stop within this (then stops within a turn)
 STOP_GRACE_S = 60.0  # how long a stopped handler may take to return (a turn: one model call, one command)
@@ -147,7 +148,7 @@ class Worker:
             shipped = self.fetch(claim) if self.fetch and claim.ship_from else None
             result = self.handlers[job.kind](claim, stop)
             if shipped and isinstance(result, dict):
-                result = {**result, "shipped": shipped}
+                result = {**result, "shipped": shipped.model_dump()}
         except Exception as e:
             done.set()
             if stop.is_set():

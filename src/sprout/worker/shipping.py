@@ -27,6 +27,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 
+from ..jobs.payloads import Shipped
 from ..runstore.client import RunStoreClient
 from ..runstore.errors import HostNotFound
 from ..runstore.models import Claim
@@ -189,7 +190,7 @@ def job_checkpoint(claim: Claim) -> str | None:
     return payload.get("from_checkpoint") or payload.get("checkpoint_id")
 
 
-def fetch_checkpoint(claim: Claim, client: RunStoreClient, store: Store, token: str) -> dict[str, Any] | None:
+def fetch_checkpoint(claim: Claim, client: RunStoreClient, store: Store, token: str) -> Shipped | None:
     """Before a job claimed away from its preferred host runs: ships its checkpoint here from that
     host's checkpoint server. Returns what was shipped (recorded in the job's result), None when
     nothing had to move."""
@@ -214,5 +215,5 @@ def fetch_checkpoint(claim: Claim, client: RunStoreClient, store: Store, token: 
         source.close()
     log.info("job %d: shipped %s from %s (%s, %d bytes, %.2fs)", claim.job.id, checkpoint, claim.ship_from,
              f"incremental against {report.parent}" if report.parent else "full", report.bytes_sent, report.seconds)
-    return {"from": claim.ship_from, "checkpoint": checkpoint, "subvolumes": report.shipped,
-            "parent": report.parent, "bytes": report.bytes_sent, "seconds": round(report.seconds, 3)}
+    return Shipped(host=claim.ship_from, checkpoint=checkpoint, subvolumes=report.shipped, parent=report.parent,
+                   bytes=report.bytes_sent, seconds=round(report.seconds, 3))
