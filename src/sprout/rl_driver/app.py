@@ -37,7 +37,7 @@ def make_driver(config: DriverConfig) -> Driver:
         from ..runstore.client import RunStoreClient
 
         client = RunStoreClient(*runstore)
-        samples = RunStoreSamples(client, config.poll_interval_s, config.backend)
+        samples = RunStoreSamples(client, config.poll_interval_s, config.backend, config.branch_affinity_s)
         if config.prepare_hosts:
             samples.prepare(served_task_dirs(config))
         return Driver(config, ledger, samples, slots=RUNSTORE_WAITERS)

@@ -104,6 +104,7 @@ class DriverConfig(_Config):
     max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     abandon_after_s: float | None = Field(120.0, gt=0)  # a running group no client polled this long is cancelled
     prepare_hosts: bool = True  # over a Run Store: import the served tasks' images on every live host at start
+    branch_affinity_s: float = Field(60.0, ge=0)  # over a Run Store: a branch waits this long for its checkpoint's host
     keep_checkpoints: bool = False  # keep a DELETEd group's checkpoints (default: released, as evaluation does)
     miles: MilesSection = MilesSection()
 

@@ -44,7 +44,6 @@ MODEL_CLASS = "tools"
 STOP_REASONS = {"LimitsExceeded": "max_turns_reached", "TimeExceeded": "timeout"}
 SAMPLING_KEYS = {"temperature", "top_p", "top_k", "stop", "max_new_tokens"}
 log = logging.getLogger("sprout.rl_driver")
-AFFINITY_S = 60.0  # how long a branch job waits for the worker that holds its checkpoint
 IMAGE_AFFINITY_S = 10.0  # how long a sample waits for a host holding its image (an import costs ~1.5 s)
 
 
@@ -154,8 +153,11 @@ class RunStoreSamples:
 
     detaches = True  # on close: its jobs run on, for the next driver
 
-    def __init__(self, client, wait_s: float, backend: str = "container"):
+    def __init__(self, client, wait_s: float, backend: str = "container", branch_affinity_s: float = 60.0):
+        """`branch_affinity_s`: how long a branch job waits for the host that holds its checkpoint before
+        another host may take it (and fetch the checkpoint from there)."""
         self.client, self.wait_s, self.backend = client, wait_s, backend
+        self.branch_affinity_s = branch_affinity_s
         self.detach = threading.Event()
         self.images = HostImages()  # which hosts hold which task's image: a sample prefers those
 
@@ -183,7 +185,8 @@ class RunStoreSamples:
                                       swe=plan.swe, grade_wall_s=plan.grade_wall_s, backend=self.backend)
             # a branch goes where its checkpoint is (else it is shipped), a sample where its image is
             if plan.branch and plan.branch.host:
-                affinity: dict[str, Any] = {"host": plan.branch.host, "affinity_timeout_s": AFFINITY_S}
+                affinity: dict[str, Any] = {"host": plan.branch.host,
+                                             "affinity_timeout_s": self.branch_affinity_s}
             else:
                 host = self.images.host_for(plan.task_dir) if plan.task_dir else None
                 affinity = {"host": host, "affinity_timeout_s": IMAGE_AFFINITY_S} if host else {}
