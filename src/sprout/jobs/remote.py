@@ -14,6 +14,7 @@ filesystem.
 import threading
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from ..sandbox import backends
 from ..settings import settings
 from ..tasks import GradeResult
 from .endpoints import endpoint_ref
+from .group_events import group_events
 from .local import RolloutDone, RolloutRequest
 from .payloads import (
     GradePayload,
@@ -83,31 +85,34 @@ class JobLost(SproutError):
 def wait_job(client, job: Job, *, wait_s: float = WAIT_S, timeout_s: float | None = None,
              on_poll: Callable[[], None] | None = None, stop: threading.Event | None = None,
              detach: threading.Event | None = None) -> Any:
-    """Waits for a submitted job's result, long-polling its group's events (the job is read again when
-    one is about it); a failed or cancelled job raises SproutError. Interrupted, or once `stop` is set
-    (then raising RolloutCancelled, within `wait_s`), it cancels the job: the worker's next heartbeat
-    stops its handler. Once `detach` is set it raises JobDetached and leaves the job running. `on_poll`
+    """Waits for a submitted job's result, following its group's events (sprout.jobs.group_events: the
+    job is read again when one is about it); a failed or cancelled job raises SproutError. Interrupted,
+    or once `stop` is set (then raising RolloutCancelled, within `wait_s`), it cancels the job: the
+    worker's next heartbeat stops its handler. Once `detach` is set it raises JobDetached and leaves the job running. `on_poll`
     is called after every wait (at most `wait_s` apart)."""
     stop = stop or threading.Event()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    seq = 0
     try:
-        while job.state not in TERMINAL:
-            if deadline is not None and time.monotonic() > deadline:
-                raise SproutError(f"{job.kind} job {job.id} did not finish in {timeout_s:g}s (state {job.state})")
-            if stop.is_set():
-                raise RolloutCancelled(f"{job.kind} job {job.id} was stopped")
-            if detach is not None and detach.is_set():
-                raise JobDetached(f"stopped waiting for {job.kind} job {job.id}; it runs on")
-            try:
-                seq, changed = _wait_for_events(client, job, seq, wait_s, stop)
-                if changed:
-                    job = client.get(job.id)
-            except RunStoreError as e:
-                raise SproutError(f"lost the Run Store at {client.url} while waiting for {job.kind} job {job.id}: "
-                                  f"{e}") from None
-            if on_poll is not None:
-                on_poll()
+        with group_events(client, job.group_id, wait_s) if job.group_id else nullcontext() as events:
+            seen = 0  # the seq of the latest event about the job that has been acted on
+            while job.state not in TERMINAL:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise SproutError(f"{job.kind} job {job.id} did not finish in {timeout_s:g}s (state {job.state})")
+                if stop.is_set():
+                    raise RolloutCancelled(f"{job.kind} job {job.id} was stopped")
+                if detach is not None and detach.is_set():
+                    raise JobDetached(f"stopped waiting for {job.kind} job {job.id}; it runs on")
+                try:
+                    if events is None:  # no group's events to follow: the job is read after every wait
+                        stop.wait(wait_s)
+                        job = client.get(job.id)
+                    elif (latest := events.wait(job.id, seen, wait_s)) > seen:  # an event about the job
+                        seen, job = latest, client.get(job.id)
+                except RunStoreError as e:
+                    raise SproutError(f"lost the Run Store at {client.url} while waiting for {job.kind} job "
+                                      f"{job.id}: {e}") from None
+                if on_poll is not None:
+                    on_poll()
     except JobDetached:
         raise
     except BaseException:
@@ -123,15 +128,6 @@ def wait_job(client, job: Job, *, wait_s: float = WAIT_S, timeout_s: float | Non
             raise JobLost(f"{job.kind} job {job.id} was lost to infrastructure: {error[0] if error else ''}")
         raise SproutError(f"{job.kind} job {job.id} {job.state}: {error[0] if error else 'no error recorded'}")
     return job.result
-
-
-def _wait_for_events(client, job: Job, seq: int, wait_s: float, stop: threading.Event) -> tuple[int, bool]:
-    """(the last event seen, whether one was about `job`), after up to `wait_s` of waiting."""
-    if job.group_id is None:  # no event stream to follow: read the job again after the wait
-        stop.wait(wait_s)
-        return seq, True
-    events = client.events(job.group_id, after_seq=seq, wait_s=wait_s)
-    return max([seq, *(e.seq for e in events)]), any(e.job_id == job.id for e in events)
 
 
 class RunStoreJobs:
