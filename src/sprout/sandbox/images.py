@@ -16,6 +16,7 @@ from pathlib import Path
 
 from . import podman, shell
 from .podman import command as podman_command
+from .podman import image_info
 
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 RECIPE_LABEL = "sprout.recipe"
@@ -69,9 +70,8 @@ def image_ids_by_name() -> dict[str, str]:
 
 def stand_in(reference: str) -> bool:
     """Whether podman's image of that name is a stand-in, or built on one (it carries RECIPE_LABEL)."""
-    proc = shell.run([*podman_command(), "image", "inspect", "--format", f'{{{{index .Config.Labels "{RECIPE_LABEL}"}}}}',
-                      reference], check=False)
-    return proc.returncode == 0 and proc.stdout.decode().strip() not in ("", "<no value>")
+    info = image_info(reference)
+    return bool(info and ((info.get("Config") or {}).get("Labels") or {}).get(RECIPE_LABEL))
 
 
 def stand_ins_in_podman() -> list[str]:

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
@@ -31,7 +32,7 @@ from harbor.models.task.config import EnvironmentConfig
 from ..sandbox import Image, Store, trust
 from ..sandbox.images import stand_in
 from ..sandbox.podman import command as podman_command
-from ..sandbox.podman import ulimit_flags
+from ..sandbox.podman import image_info, ulimit_flags
 from .errors import TaskImageError
 from .pull import OFFLINE_HELP, PullError, PullPolicy, ensure_present, pull_policy
 
@@ -138,8 +139,8 @@ def _podman(*args: str) -> subprocess.CompletedProcess:
 
 def _created(reference: str) -> float | None:
     """When podman's image of that name was built (epoch seconds), or None if podman has none."""
-    proc = _podman("image", "inspect", "--format", "{{.Created.Unix}}", reference)
-    return float(proc.stdout.strip()) if proc.returncode == 0 else None
+    info = image_info(reference)
+    return datetime.fromisoformat(info["Created"]).timestamp() if info else None
 
 
 def base_images(dockerfile: Path) -> list[str]:
