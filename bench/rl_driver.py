@@ -3,6 +3,7 @@ samples in the driver's own slots (local_slots = group size) and over a Run Stor
 size / 2 slots), each at 0 s and at --latency s per model call, in one run.
 
     .venv/bin/python bench/rl_driver.py [--group-size 8] [--latency 1.0] [--turns 3] [--store PATH] [--keep]
+    .venv/bin/python bench/rl_driver.py --scale [--latency 1.0] [--turns 3] [--postgres-url URL]
 
 The task is the py-bugfix fixture, prepared with `python -m sprout.rl_driver prepare` (its image built
 once). The policy is the scripted model: every sample makes exactly --turns model calls, `ls /app` then an
@@ -42,6 +43,24 @@ With --search (local slots only, --latency s per model call, the scripted model 
                      repairs 2: the repair's command and the submit), as two plain groups
 and per trainable sample (graded trajectories): wall s, sandbox s, model calls; then the time a branch
 from a checkpoint saves against replaying its prefix (replayed sandbox s/sample - branch sandbox s/sample).
+
+With --scale, a fleet on this machine: a PostgreSQL Run Store (a fresh schema), two worker hosts (bench-a
+on the store, bench-b on a second btrfs filesystem in a loop file: two stores, two host ids, each worker
+serving its checkpoints to the other) with room for every sample at once, and one driver that prepares
+both hosts' images at start. After a warm-up group, 8 plain groups of 8 and 2 search groups of 6 (as
+--search) are posted at once. Branches take either host (--branch-affinity 0), so some ship their
+checkpoint. Reported:
+  samples/min        returned samples x 60 / the wall time of the whole burst.
+  overhead s/sample  mean over the plain groups of wall s - slowest sample s (as above).
+  CPU s/sample       the machine's busy CPU-seconds over the burst, less the bench process's own (the
+                     scripted models and the client), per returned sample.
+  memory MB/sample   (peak memory in use - memory in use before the burst) / peak sandboxes.
+  sandboxes at peak  per host, counted in its store every 0.5 s.
+then the CPU by component (cgroup v1 cpuacct groups: the driver, each worker with what it runs (podman,
+btrfs, the runtime), the API, PostgreSQL, the containers and their conmons, the rest being the kernel's)
+and a plain sample's time by phase (means): submitted (POST to its job), queued (to a worker taking it),
+sandbox start/stop (its job less rollout and grade), model calls, commands, checkpoints, the agent's
+rest, grade, and after its job (until its group's terminal GET: the group waits for its slowest).
 """
 
 import argparse
@@ -59,19 +78,27 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
+from measure import CpuGroups, Peaks, loop_btrfs, machine_cpu_s, memory_used_bytes, sample_peaks
 from rich.console import Console
 from rich.table import Table
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from sqlalchemy import create_engine, make_url, text  # noqa: E402
+
 from sprout.agent.journal import read_journal  # noqa: E402
 from sprout.rl_driver.ledger import Ledger  # noqa: E402
 from sprout.sandbox import Store  # noqa: E402
+from sprout.tasks import GradeResult  # noqa: E402
 from sprout.testing.scripted_model import ScriptedModelServer  # noqa: E402
 
 RUNTIME_BIN = REPO / "runtime" / "sprout-runtime"
@@ -156,18 +183,31 @@ class Row:
         return (self.wall_s - self.slowest_s) * 1000
 
 
+@dataclass
+class WorkerHost:
+    """A worker host of a Run Store placement: its host id, its store (default: the machine's) and slots."""
+
+    host_id: str
+    slots: int
+    store: Path | None = None
+
+
 class Placement:
-    """A driver process (and, over a Run Store, the API and two workers) under `root`."""
+    """A driver process under `root` and, with `hosts`, a Run Store API (on `db`, default SQLite) and a
+    worker per host."""
 
     def __init__(self, name: str, root: Path, tasks: Path, group_size: int, base_env: dict,
-                 review: dict | None = None):
-        self.name, self.root = name, root
+                 review: dict | None = None, hosts: list[WorkerHost] | None = None, db: str | None = None,
+                 config: dict | None = None):
+        self.name, self.root, self.hosts, self.db = name, root, hosts or [], db
         self.procs: list[subprocess.Popen] = []
+        self.workers: dict[str, subprocess.Popen] = {}
+        self.driver: subprocess.Popen | None = None
         self.services_dir: Path | None = None
         self.token = secrets.token_urlsafe(24)
         root.mkdir(parents=True)
         config = {"tasks_dir": str(tasks), "data_dir": str(root / "data"), "local_slots": group_size,
-                  "runtime_bin": str(RUNTIME_BIN)} | ({"miles": {"review": review}} if review else {})
+                  "runtime_bin": str(RUNTIME_BIN)} | ({"miles": {"review": review}} if review else {}) | (config or {})
         (root / "driver.json").write_text(json.dumps(config))
         self.ledger = Ledger(f"sqlite:///{root / 'data' / 'driver.sqlite3'}")
         self.env = {k: v for k, v in base_env.items() if k not in RUNSTORE_VARS} | {
@@ -179,21 +219,28 @@ class Placement:
         self.http = httpx.Client(base_url=self.url, timeout=30,
                                  headers={"Authorization": f"Bearer {self.token}"})
 
-    def start(self, group_size: int) -> None:
-        if self.name == "Run Store":
-            self._start_runstore(group_size)
+    def start(self) -> None:
+        if self.hosts:
+            self._start_runstore()
         log = self.root / "driver.log"
         with open(log, "ab") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "sprout.rl_driver", "serve", "--config",
-                                     str(self.root / "driver.json"), "--port", str(self.port)],
-                                    cwd=REPO, env=self.env, stdout=out, stderr=out)
-        self.procs.insert(0, proc)  # stopped first
-        wait_healthy(self.url, proc, log)
+            self.driver = subprocess.Popen([sys.executable, "-m", "sprout.rl_driver", "serve", "--config",
+                                            str(self.root / "driver.json"), "--port", str(self.port)],
+                                           cwd=REPO, env=self.env, stdout=out, stderr=out)
+        self.procs.insert(0, self.driver)  # stopped first
+        wait_healthy(self.url, self.driver, log)
 
-    def _start_runstore(self, group_size: int) -> None:
+    def api_pids(self) -> list[int]:
+        """The Run Store API's supervisor and server processes."""
+        assert self.services_dir is not None
+        info = json.loads((self.services_dir / "run" / "runstore-api.json").read_text())
+        return [info["pid"], info["child"]]
+
+    def _start_runstore(self) -> None:
         self.services_dir = self.root / "services"
         env = self.env | {"SPROUT_CONFIG_DIR": str(self.services_dir)}
-        run("-m", "sprout.services", "init", "--port", str(free_port()), "--slots", "1", env=env)
+        run("-m", "sprout.services", "init", "--port", str(free_port()), "--slots", "1",
+            *(("--db", self.db) if self.db else ()), env=env)
         run("-m", "sprout.services", "up", "runstore-api", env=env)
         exports = {}
         for line in run("-m", "sprout.services", "env", env=env).stdout.splitlines():
@@ -201,15 +248,16 @@ class Placement:
                 key, _, value = item.partition("=")
                 exports[key] = value
         self.env |= {k: exports[k] for k in RUNSTORE_VARS}
-        slots = math.ceil(group_size / 2)
-        for i in range(2):
-            with open(self.root / f"worker-{i}.log", "ab") as out:
-                self.procs.append(subprocess.Popen(
+        worker_env = {k: v for k, v in self.env.items() if k not in RUNSTORE_VARS}
+        for host in self.hosts:
+            with open(self.root / f"worker-{host.host_id}.log", "ab") as out:
+                self.workers[host.host_id] = proc = subprocess.Popen(
                     [sys.executable, "-m", "sprout.worker", "serve", "--url", exports["SPROUT_RUNSTORE_URL"],
                      "--token-file", str(self.services_dir / "secrets" / "worker.token"),
-                     "--slots", str(slots), "--host-id", f"bench-{i}"],
-                    cwd=REPO, env={k: v for k, v in self.env.items() if k not in RUNSTORE_VARS},
-                    stdout=out, stderr=out))
+                     "--slots", str(host.slots), "--host-id", host.host_id, "--ship-listen", "127.0.0.1:0"],
+                    cwd=REPO, env=worker_env | ({"SPROUT_STORE": str(host.store)} if host.store else {}),
+                    stdout=out, stderr=out)
+            self.procs.append(proc)
 
     def close(self) -> list[str]:
         problems = []
@@ -331,7 +379,7 @@ def search_main(args, console: Console, root: Path, prompt: dict) -> list[str]:
         placement = Placement("local", root / "search", root / "tasks", 6, dict(os.environ), review={
             "endpoint": reviewer.base_url, "model": "reviewer", "continuation_prompt": CONTINUE})
         try:
-            placement.start(6)
+            placement.start()
             groups = [("search", policy, 6, args.turns, spec), ("independent", script(6, args.turns), 6, args.turns,
                                                                   None),
                       ("replayed", script(2, args.turns), 2, args.turns, None),  # the students, replayed
@@ -364,6 +412,196 @@ def search_main(args, console: Console, root: Path, prompt: dict) -> list[str]:
     return problems
 
 
+SCALE_GROUPS = 8  # plain groups of SCALE_GROUP_SIZE, posted at once, and a search group per host
+SCALE_GROUP_SIZE = 8
+SEARCH_SPEC = {"roots": 2, "points": 1, "candidates": 1, "student_continuations": 1, "candidate_continuations": 1,
+               "tf_student_continuations": 0, "repair_rounds": 1, "review_seconds": 120.0,
+               "wall_time_seconds": 300.0}
+
+
+@contextmanager
+def postgres_schema(url: str) -> Iterator[str]:
+    """A fresh schema in the PostgreSQL at `url`, dropped afterwards; a URL whose connections use it."""
+    schema = f"bench_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(url)
+    with admin.begin() as conn:
+        conn.execute(text(f"CREATE SCHEMA {schema}"))
+    try:
+        yield make_url(url).update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(
+            hide_password=False)
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+        admin.dispose()
+
+
+def postgres_pids() -> list[int]:
+    found = subprocess.run(["pgrep", "-x", "postgres"], capture_output=True, text=True)
+    return [int(pid) for pid in found.stdout.split()]
+
+
+def sandbox_count(store: Path) -> Callable[[], int]:
+    return lambda: sum(1 for _ in (store / "sandboxes").iterdir()) if (store / "sandboxes").is_dir() else 0
+
+
+def wait_prepared(placement: Placement, hosts: list[str], timeout: float = 600) -> None:
+    """Waits for the driver's start-up prepare job to report every host (its log line per host)."""
+    deadline = time.monotonic() + timeout
+    log = placement.root / "driver.log"
+    while not all(f"host {h}: " in log.read_text() for h in hosts):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the hosts were not prepared in {timeout:g} s:\n{log.read_text()[-2000:]}")
+        time.sleep(1)
+
+
+@dataclass
+class GroupRun:
+    kind: str  # "plain" or "search"
+    posted_unix: float
+    result: dict
+    wall_s: float
+    slowest_s: float  # its slowest sample's own work: rollout + grade (the ledger's sandbox seconds)
+
+
+def timing(runs: list[GroupRun], jobs: dict[int, Any], turns: int) -> tuple[dict[str, float], list[str]]:
+    """Mean seconds per plain sample in each phase (see --scale in the module's docstring) and problems."""
+    phases: dict[str, list[float]] = {}
+    problems: list[str] = []
+    for group in (g for g in runs if g.kind == "plain"):
+        for t in group.result["trajectories"]:
+            job = jobs[t["metadata"]["job_id"]]
+            journal = read_journal(Path(t["metadata"]["journal"]))
+            if journal.outcome is None or len(journal.turns) != turns:
+                problems.append(f"{t['sample_slot_id']}: {len(journal.turns)} turns")
+                continue
+            grade = GradeResult.model_validate_json((Path(t["metadata"]["journal"]).parent / "grade.json").read_text())
+            model = sum(turn.model_latency_s for turn in journal.turns)
+            commands = sum(turn.command_s for turn in journal.turns)
+            checkpoints = sum(turn.checkpoint_ms or 0 for turn in journal.turns) / 1000
+            rollout = journal.outcome.wall_s
+            for phase, seconds in {
+                "submitted": job.created_at - group.posted_unix, "queued": job.started_at - job.created_at,
+                "sandbox start, stop": job.finished_at - job.started_at - rollout - grade.duration_s,
+                "model calls": model, "commands": commands, "checkpoints": checkpoints,
+                "agent, rest": rollout - model - commands - checkpoints, "grade": grade.duration_s,
+                "after its job": group.posted_unix + group.wall_s - job.finished_at,
+            }.items():
+                phases.setdefault(phase, []).append(seconds)
+    return {phase: sum(v) / len(v) for phase, v in phases.items()}, problems
+
+
+def scale_main(args, console: Console, root: Path, prompt: dict) -> list[str]:
+    """The --scale fleet (see the module's docstring); returns problems."""
+    if not args.postgres_url:
+        raise SystemExit("--scale needs a PostgreSQL Run Store: --postgres-url URL or SPROUT_TEST_POSTGRES_URL")
+    plain, problems = SCALE_GROUPS * SCALE_GROUP_SIZE, []
+    slots = plain // 2 + 6 + 2  # a host's half of the plain samples, a search group and two spare
+    search_policy, review = search_scripts(args.turns)
+    runs: list[GroupRun] = []
+    with (postgres_schema(args.postgres_url) as db, loop_btrfs(root / "host-b.img") as store_b,
+          ScriptedModelServer(review * 2) as reviewer):
+        hosts = [WorkerHost("bench-a", slots), WorkerHost("bench-b", slots, store_b)]
+        placement = Placement("fleet", root / "fleet", root / "tasks", slots, dict(os.environ), hosts=hosts, db=db,
+                              review={"endpoint": reviewer.base_url, "model": "reviewer",
+                                      "continuation_prompt": CONTINUE},
+                              config={"branch_affinity_s": args.branch_affinity})
+        cpu = CpuGroups(f"sprout-bench-{os.getpid()}")
+        try:
+            placement.start()
+            assert placement.driver is not None
+            cpu.add("driver", placement.driver.pid)
+            cpu.add("Run Store API", *placement.api_pids())
+            for host_id, proc in placement.workers.items():
+                cpu.add(f"worker {host_id} (podman, btrfs, runtime)", proc.pid)
+            cpu.add("PostgreSQL", *postgres_pids())
+            cpu.add("bench (client, scripted models)", os.getpid())
+            console.print("fleet: waiting for the driver to prepare both hosts' images ...")
+            wait_prepared(placement, [h.host_id for h in hosts])
+            console.print(f"fleet: a warm-up group of {SCALE_GROUP_SIZE} at 0 s per call ...")
+            with ScriptedModelServer(script(SCALE_GROUP_SIZE, args.turns)) as model:
+                warmup = Row("fleet", 0.0, SCALE_GROUP_SIZE)
+                placement.group(prompt, model.base_url.removesuffix("/v1"), SCALE_GROUP_SIZE, args.turns, warmup)
+                problems += [f"warm-up: {p}" for p in warmup.problems]
+            console.print(f"fleet: {SCALE_GROUPS} groups of {SCALE_GROUP_SIZE} and 2 search groups at "
+                          f"{args.latency:g} s per call, all at once ...")
+            before = (cpu.usage_s(), machine_cpu_s(), memory_used_bytes(), time.monotonic())
+            counters = {h.host_id: sandbox_count(h.store or Store(runtime_bin=RUNTIME_BIN).root) for h in hosts}
+            with (ScriptedModelServer(script(plain, args.turns), delay_s=args.latency) as model,
+                  ScriptedModelServer(search_policy * 2, delay_s=args.latency) as search_model,
+                  sample_peaks(counters) as peaks, ThreadPoolExecutor(SCALE_GROUPS + 2) as pool):
+                def one(kind: str) -> GroupRun:
+                    endpoint = (model if kind == "plain" else search_model).base_url.removesuffix("/v1")
+                    body = (request_body(prompt, endpoint, SCALE_GROUP_SIZE, args.turns) if kind == "plain"
+                            else request_body(prompt, endpoint, 6, args.turns, SEARCH_SPEC))
+                    posted = time.time()
+                    result, wall, ledger = placement.run(body, problems)
+                    returned = {t["sample_slot_id"] for t in result["trajectories"]}
+                    slowest = max((slot.budget.get("sandbox_seconds", math.nan) for slot in ledger.slots
+                                   if slot.slot_id in returned), default=math.nan) if ledger else math.nan
+                    return GroupRun(kind, posted, result, wall, slowest)
+
+                runs = list(pool.map(one, ["plain"] * SCALE_GROUPS + ["search"] * 2))
+                if len(model.remaining) or len(search_model.remaining):
+                    problems.append(f"{len(model.remaining) + len(search_model.remaining)} scripted steps unused")
+            after = (cpu.usage_s(), machine_cpu_s(), memory_used_bytes(), time.monotonic())
+            jobs = placement_jobs(db)
+        finally:
+            problems += placement.close()
+            cpu.close()
+    problems += [f"{g.kind} group: {g.result['status']}, {g.result['actual_samples']} samples, "
+                 f"{g.result['failed_samples'][:2]}" for g in runs if g.result["status"] != "completed"]
+    report_scale(console, args, runs, jobs, before, after, peaks, problems)
+    return problems
+
+
+def placement_jobs(db: str) -> dict[int, Any]:
+    engine = create_engine(db)
+    try:
+        with engine.connect() as conn:
+            return {row.id: row for row in conn.execute(text(
+                "SELECT id, kind, created_at, started_at, finished_at, shipped_from, lease_host FROM jobs"))}
+    finally:
+        engine.dispose()
+
+
+def report_scale(console: Console, args, runs: list[GroupRun], jobs: dict[int, Any], before: tuple, after: tuple,
+                 peaks: Peaks, problems: list[str]) -> None:
+    cpu = {name: after[0][name] - before[0].get(name, 0.0) for name in after[0]}
+    machine_s, wall_s = after[1] - before[1], after[3] - before[3]
+    samples = sum(g.result["actual_samples"] for g in runs)
+    plain = [g for g in runs if g.kind == "plain"]
+    sprout_s = sum(v for k, v in cpu.items() if not k.startswith("bench")) + (
+        machine_s - sum(cpu.values()))  # the kernel's work (btrfs, page cache) is Sprout's too
+    table = Table("samples", "wall s", "samples/min", "overhead s/sample", "CPU s/sample", "memory MB/sample",
+                  "sandboxes at peak", title=f"Sprout RL fleet on one machine: {SCALE_GROUPS} groups x "
+                  f"{SCALE_GROUP_SIZE} and 2 search groups of 6, {args.turns} calls per root sample at "
+                  f"{args.latency:g} s, 2 hosts (workers, stores), PostgreSQL Run Store")
+    overhead = [g.wall_s - g.slowest_s for g in plain]
+    memory_mb = (peaks.memory_bytes - before[2]) / 2**20 / max(peaks.total, 1)
+    table.add_row(str(samples), f"{wall_s:.1f}", f"{samples * 60 / wall_s:.1f}",
+                  f"{sum(overhead) / len(overhead):.2f}", f"{sprout_s / samples:.2f}", f"{memory_mb:.0f}",
+                  ", ".join(f"{h} {n}" for h, n in peaks.counts.items()))
+    console.print(table)
+    where = Table("component", "CPU s", "CPU s/sample", "share", title=f"Where the CPU went ({machine_s:.0f} "
+                  f"CPU-s over {wall_s:.0f} s on {os.cpu_count()} cores; the bench's scripted models are not "
+                  "Sprout's)")
+    cpu["kernel and the rest (btrfs, page cache, ...)"] = machine_s - sum(cpu.values())
+    for name, seconds in sorted(cpu.items(), key=lambda kv: -kv[1]):
+        where.add_row(name, f"{seconds:.1f}", f"{seconds / samples:.3f}", f"{seconds / machine_s:.0%}")
+    console.print(where)
+    phases, timing_problems = timing(runs, jobs, args.turns)
+    problems += timing_problems
+    when = Table("phase", "mean s", title=f"Where a plain sample's time went ({len(plain) * SCALE_GROUP_SIZE} "
+                 "samples; its group waits for the slowest)")
+    for phase, seconds in phases.items():
+        when.add_row(phase, f"{seconds:.2f}")
+    console.print(when)
+    branches = [j for j in jobs.values() if j.kind == "rollout" and j.shipped_from]
+    console.print(f"search groups: {[g.result['actual_samples'] for g in runs if g.kind == 'search']} samples, "
+                  f"{len(branches)} branch(es) ran on the other host, their checkpoint shipped "
+                  f"(branch affinity {args.branch_affinity:g} s)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--group-size", type=int, default=8, help="samples per group (default 8)")
@@ -373,6 +611,13 @@ def main() -> None:
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, journals)")
     p.add_argument("--search", action="store_true", help="compare a search group with independent samples and "
                    "with replaying its branches' prefixes (local slots only)")
+    p.add_argument("--scale", action="store_true", help=f"a fleet: {SCALE_GROUPS} groups of {SCALE_GROUP_SIZE} "
+                   "and a search group per host at once, over a PostgreSQL Run Store with workers on 2 hosts")
+    p.add_argument("--postgres-url", default=os.environ.get("SPROUT_TEST_POSTGRES_URL"),
+                   help="--scale's Run Store database (a fresh schema, dropped afterwards; default "
+                   "$SPROUT_TEST_POSTGRES_URL)")
+    p.add_argument("--branch-affinity", type=float, default=0.0, help="--scale: seconds a branch waits for the "
+                   "host holding its checkpoint (default 0: either host, shipping it to the other)")
     args = p.parse_args()
     if args.group_size < 1 or args.turns < 1 or args.latency < 0:
         p.error("--group-size and --turns must be at least 1, --latency not negative")
@@ -393,11 +638,15 @@ def main() -> None:
         prompt = json.loads(line)
         if args.search:
             problems += search_main(args, console, root, prompt)
-        for where in () if args.search else ("local", "Run Store"):
+        if args.scale:
+            problems += scale_main(args, console, root, prompt)
+        for where in () if args.search or args.scale else ("local", "Run Store"):
+            half = math.ceil(args.group_size / 2)
+            hosts = [WorkerHost("bench-0", half), WorkerHost("bench-1", half)] if where == "Run Store" else None
             placement = Placement(where, root / where.replace(" ", "-").lower(), root / "tasks",
-                                  args.group_size, dict(os.environ))
+                                  args.group_size, dict(os.environ), hosts=hosts)
             try:
-                placement.start(args.group_size)
+                placement.start()
                 console.print(f"{where}: a warm-up group of {args.group_size} at 0 s per call ...")
                 with ScriptedModelServer(script(args.group_size, args.turns)) as model:
                     warmup = Row(where, 0.0, args.group_size)

@@ -18,6 +18,7 @@ from tests.rl_driver.test_driver import (
     MilesShapedClient,
     endpoint_of,
     group_request,
+    stop_fleet,
     write_config,
 )
 from tests.rl_driver.test_search import CONTINUE, SUBMIT, branch_submits, recount, reviewer_script, search
@@ -95,13 +96,7 @@ def test_a_host_lost_mid_search_reruns_its_root_elsewhere_and_fails_the_branch_i
         # beta's first run died before its last call: one submit step is left over, and no other
         assert [step.match for step in model.remaining] == ["beta-two"] and not reviewer.remaining
     finally:
-        if driver is not None:
-            driver.stop()
-        for proc in workers:
-            proc.send_signal(signal.SIGTERM)
-        for proc in workers:
-            proc.wait(timeout=60)
-        services(cfg, "down")
+        stop_fleet(driver, workers, cfg)
         # the killed worker's sandbox (beta's first run) is reaped: its owner process is gone
         Store(base_store.root, runtime_bin=RUNTIME_BIN).gc()
     assert {c.id for c in base_store.checkpoints()} <= checkpoints
