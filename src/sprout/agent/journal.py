@@ -6,6 +6,7 @@ flushed and fsynced as written, so a crash loses at most the line being written;
 a truncated last line instead of failing on it.
 """
 
+import functools
 import json
 import os
 import socket
@@ -29,7 +30,9 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
+@functools.cache
 def git_commit(path: Path = CHECKOUT) -> str | None:
+    """The checkout's commit when this process first asks: the code it runs (a journal header records it)."""
     try:
         out = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True)
     except OSError:

@@ -24,6 +24,7 @@ DEFAULT_MAX_OUTPUT = 1 << 20
 TIMEOUT_EXIT_CODE = 124
 EXIT_GRACE_S = 0.05  # output still buffered when the command exits is read within this
 CLIENT_EXIT_S = 5.0  # how long `podman exec` may take to return once its command's processes are killed
+CANCEL_POLL_S = 0.05  # how often a command's cancel watcher looks at its event
 
 
 @dataclass
@@ -147,25 +148,27 @@ def _run_client(cmd: list[str], profile: dict, timeout: float | None, max_output
 @contextmanager
 def on_cancel(cancel: threading.Event | None, action: Callable[[], object], name: str) -> Iterator[None]:
     """While the body runs, `action` runs (once, in a thread called `name`) if `cancel` is set: it ends a
-    command blocked in the sandbox."""
+    command blocked in the sandbox. Leaving waits for an action under way, never for the watcher's next
+    look (a join would add up to one poll interval to every command)."""
     if cancel is None:
         yield
         return
-    done = threading.Event()
+    done, acting = threading.Event(), threading.Lock()
 
     def watch() -> None:
         while not done.is_set():
-            if cancel.wait(0.05):
-                action()
+            if cancel.wait(CANCEL_POLL_S):
+                with acting:
+                    if not done.is_set():
+                        action()
                 return
 
-    watcher = threading.Thread(target=watch, name=name, daemon=True)
-    watcher.start()
+    threading.Thread(target=watch, name=name, daemon=True).start()
     try:
         yield
     finally:
-        done.set()
-        watcher.join()
+        with acting:  # an action under way finishes first; none starts after
+            done.set()
 
 
 def _exits_by(proc: subprocess.Popen, deadline: float | None) -> bool:
