@@ -104,8 +104,10 @@ def loop_btrfs(image: Path, size: str = "16G") -> Iterator[Path]:
     try:
         yield mount
     finally:
-        for attempt in range(10):
+        for _ in range(10):  # a container of the store may take a moment to let go of it
             if subprocess.run(["umount", str(mount)], capture_output=True).returncode == 0:
+                image.unlink(missing_ok=True)
                 break
             time.sleep(1)
-        image.unlink(missing_ok=True)
+        else:
+            print(f"could not unmount {mount}: unmount it and remove {image} by hand")
