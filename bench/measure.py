@@ -1,16 +1,19 @@
 """Measuring a fleet on one machine, for the bench scripts: CPU time by component (cgroup v1 `cpuacct`
-groups, which account and do not schedule), the machine's CPU and memory, and a second btrfs store (a
-loop file) that stands in for another host's."""
+groups, which account and do not schedule), the machine's CPU and memory, a second btrfs store (a loop
+file) that stands in for another host's, and a fresh PostgreSQL schema for a Run Store."""
 
 import os
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
+
+from sqlalchemy import create_engine, make_url, text
 
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 CONTAINERS = CPUACCT / "libpod_parent"  # podman's (cgroupfs): every container and its conmon
@@ -111,3 +114,19 @@ def loop_btrfs(image: Path, size: str = "16G") -> Iterator[Path]:
             time.sleep(1)
         else:
             print(f"could not unmount {mount}: unmount it and remove {image} by hand")
+
+
+@contextmanager
+def postgres_schema(url: str) -> Iterator[str]:
+    """A fresh schema in the PostgreSQL at `url`, dropped afterwards; a URL whose connections use it."""
+    schema = f"bench_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(url)
+    with admin.begin() as conn:
+        conn.execute(text(f"CREATE SCHEMA {schema}"))
+    try:
+        yield make_url(url).update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(
+            hide_password=False)
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+        admin.dispose()

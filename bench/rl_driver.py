@@ -78,22 +78,29 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-from measure import CpuGroups, Peaks, loop_btrfs, machine_cpu_s, memory_used_bytes, sample_peaks
+from measure import (
+    CpuGroups,
+    Peaks,
+    loop_btrfs,
+    machine_cpu_s,
+    memory_used_bytes,
+    postgres_schema,
+    sample_peaks,
+)
 from rich.console import Console
 from rich.table import Table
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sqlalchemy import create_engine, make_url, text  # noqa: E402
+from sqlalchemy import create_engine, text  # noqa: E402
 
 from sprout.agent.journal import read_journal  # noqa: E402
 from sprout.rl_driver.ledger import Ledger  # noqa: E402
@@ -417,22 +424,6 @@ SCALE_GROUP_SIZE = 8
 SEARCH_SPEC = {"roots": 2, "points": 1, "candidates": 1, "student_continuations": 1, "candidate_continuations": 1,
                "tf_student_continuations": 0, "repair_rounds": 1, "review_seconds": 120.0,
                "wall_time_seconds": 300.0}
-
-
-@contextmanager
-def postgres_schema(url: str) -> Iterator[str]:
-    """A fresh schema in the PostgreSQL at `url`, dropped afterwards; a URL whose connections use it."""
-    schema = f"bench_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(url)
-    with admin.begin() as conn:
-        conn.execute(text(f"CREATE SCHEMA {schema}"))
-    try:
-        yield make_url(url).update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(
-            hide_password=False)
-    finally:
-        with admin.begin() as conn:
-            conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
-        admin.dispose()
 
 
 def postgres_pids() -> list[int]:

@@ -40,9 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from measure import postgres_schema
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy import create_engine, make_url, text
+from sqlalchemy import text
 
 from sprout.jobs.payloads import job_kinds
 from sprout.runstore.auth import hash_token, new_token
@@ -100,20 +101,8 @@ def fresh_database(engine: str, postgres_url: str | None) -> Iterator[str]:
             yield str(Path(tmp) / "bench.db")
         return
     assert postgres_url
-    schema = f"bench_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(postgres_url)
-    with admin.begin() as conn:
-        conn.execute(text(f"CREATE SCHEMA {schema}"))
-    try:
-        yield (
-            make_url(postgres_url)
-            .update_query_dict({"options": f"-csearch_path={schema}"})
-            .render_as_string(hide_password=False)
-        )
-    finally:
-        with admin.begin() as conn:
-            conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
-        admin.dispose()
+    with postgres_schema(postgres_url) as url:
+        yield url
 
 
 def analyze(store: RunStore) -> None:

@@ -65,10 +65,11 @@ class GroupEvents:
 @contextmanager
 def group_events(client, group_id: str, wait_s: float) -> Iterator[GroupEvents]:
     """The follower of `group_id`'s events through `client`, shared with this process's other waiters."""
+    key = (id(client), group_id)
     with _lock:
-        follower = _followers.get((id(client), group_id))
+        follower = _followers.get(key)
         if follower is None:
-            follower = _followers[(id(client), group_id)] = GroupEvents(client, group_id, wait_s)
+            follower = _followers[key] = GroupEvents(client, group_id, wait_s)
             follower._thread.start()
         with follower._changed:
             follower._waiters += 1

@@ -88,8 +88,8 @@ def wait_job(client, job: Job, *, wait_s: float = WAIT_S, timeout_s: float | Non
     """Waits for a submitted job's result, following its group's events (sprout.jobs.group_events: the
     job is read again when one is about it); a failed or cancelled job raises SproutError. Interrupted,
     or once `stop` is set (then raising RolloutCancelled, within `wait_s`), it cancels the job: the
-    worker's next heartbeat stops its handler. Once `detach` is set it raises JobDetached and leaves the job running. `on_poll`
-    is called after every wait (at most `wait_s` apart)."""
+    worker's next heartbeat stops its handler. Once `detach` is set it raises JobDetached and leaves the
+    job running. `on_poll` is called after every wait (at most `wait_s` apart)."""
     stop = stop or threading.Event()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:

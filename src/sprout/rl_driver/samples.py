@@ -153,7 +153,7 @@ class RunStoreSamples:
 
     detaches = True  # on close: its jobs run on, for the next driver
 
-    def __init__(self, client, wait_s: float, backend: str = "container", branch_affinity_s: float = 60.0):
+    def __init__(self, client, wait_s: float, backend: str, branch_affinity_s: float):
         """`branch_affinity_s`: how long a branch job waits for the host that holds its checkpoint before
         another host may take it (and fetch the checkpoint from there)."""
         self.client, self.wait_s, self.backend = client, wait_s, backend

@@ -133,10 +133,6 @@ def _file_lock(path: Path) -> Iterator[None]:
         yield
 
 
-def _podman(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*podman_command(), *args], capture_output=True, text=True)
-
-
 def _created(reference: str) -> float | None:
     """When podman's image of that name was built (epoch seconds), or None if podman has none."""
     info = image_info(reference)
