@@ -12,6 +12,7 @@ from sprout.worker.doctor import _host_trust
 from tests.conftest import PYTHON_IMAGE, every_backend
 from tests.tls_index import WHEEL, TlsIndex
 
+STORE = "/etc/ssl/certs/ca-certificates.crt"  # the image's CA store
 URLOPEN = "python3 -c \"import urllib.request; print(urllib.request.urlopen('{url}/').status)\""
 
 
@@ -38,8 +39,11 @@ def test_sandboxes_trust_the_hosts_bundle(store, https_server, monkeypatch):
         held = checkpoint.path / trust.CONTAINER_BUNDLE.lstrip("/")  # a snapshot does not see bind mounts
         assert not held.exists() or held.stat().st_size == 0
     # the image's own CA store stays writable: update-ca-certificates folds the host's bundle into it
+    # (it takes a minute in an emulated VM: there, what it does to the store, a file renamed over it)
+    fold = "update-ca-certificates >/dev/null 2>&1" if sandbox.backend != "microvm" else (
+        f"cat {STORE} {trust.CONTAINER_BUNDLE} > {STORE}.new && mv {STORE}.new {STORE}")
     without_variable = f"env -u SSL_CERT_FILE {URLOPEN.format(url=url)}"
-    folded = sandbox.exec(f"update-ca-certificates >/dev/null 2>&1 && {without_variable}")
+    folded = sandbox.exec(f"{fold} && {without_variable}")
     assert folded.output.strip() == "200", folded.output
     branch = checkpoint.branch()
     assert branch.limits["host_trust"] is True and branch.exec(without_variable).exit_code != 0

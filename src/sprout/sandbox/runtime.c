@@ -22,6 +22,7 @@
 #include <linux/capability.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <poll.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -308,7 +309,18 @@ static void exec_command(struct profile *p, char **argv) {
     _exit(saved == ENOENT ? 127 : 126);
 }
 
-static void enter_and_exec(struct profile *p, const int *ns_fds, const char *cwd, char **argv) {
+/* The parent-death signal is set last (changing credentials clears it), so a parent killed before that
+ * would leave the command running: `parent_alive` is the read end of a pipe only the parent writes to,
+ * and it reads as hung up once the parent is gone. */
+static void die_with_parent(int parent_alive) {
+    check(prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), "parent-death signal");
+    struct pollfd gone = {.fd = parent_alive, .events = POLLIN};
+    if (poll(&gone, 1, 0) != 0)
+        _exit(128 + SIGKILL);
+}
+
+static void enter_and_exec(struct profile *p, const int *ns_fds, int parent_alive, const char *cwd,
+                           char **argv) {
     setsid();
     for (size_t i = 0; i < p->n_cgroups; i++) {
         int fd = open(p->cgroup_procs[i], O_WRONLY | O_CLOEXEC);
@@ -336,7 +348,7 @@ static void enter_and_exec(struct profile *p, const int *ns_fds, const char *cwd
     for (int cap = 0; cap <= CAP_LAST; cap++)
         if (p->caps[AMB] >> cap & 1)
             check(prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap, 0, 0), "ambient capability");
-    check(prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), "parent-death signal");
+    die_with_parent(parent_alive);
     if (p->no_new_privs)
         check(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs");
     exec_command(p, argv);
@@ -344,7 +356,7 @@ static void enter_and_exec(struct profile *p, const int *ns_fds, const char *cwd
 
 static int run(struct profile *p, const char *cwd, char **argv) {
     char path[64];
-    int ns_fds[N_NAMESPACES], pid_ns;
+    int ns_fds[N_NAMESPACES], pid_ns, parent_alive[2];
     if (proc_starttime(p->init_pid) != p->init_starttime)
         die("sandbox is not running (its init process is gone)");
     for (int i = 0; i < N_NAMESPACES; i++) {
@@ -355,11 +367,15 @@ static int run(struct profile *p, const char *cwd, char **argv) {
     snprintf(path, sizeof path, "/proc/%ld/ns/pid", p->init_pid);
     if ((pid_ns = open(path, O_RDONLY | O_CLOEXEC)) < 0 || setns(pid_ns, CLONE_NEWPID) != 0)
         die("cannot enter the sandbox's PID namespace: %s", strerror(errno));
+    if (pipe2(parent_alive, O_CLOEXEC) != 0)
+        die("pipe: %s", strerror(errno));
     pid_t child = fork();
     if (child < 0)
         die("fork: %s", strerror(errno));
-    if (child == 0)
-        enter_and_exec(p, ns_fds, cwd, argv);
+    if (child == 0) {
+        close(parent_alive[1]);
+        enter_and_exec(p, ns_fds, parent_alive[0], cwd, argv);
+    }
     int status;
     while (waitpid(child, &status, 0) < 0)
         if (errno != EINTR)
