@@ -2,6 +2,11 @@
 # Sprout host set-up: idempotent, one line per item ("ok" already there, "done" just made, "skip" left
 # alone on purpose). A failed step stops the script with a message saying what to do.
 #
+# Run as root, or as a user with sudo (rootless): then sudo is asked only for the apt packages, the store
+# (a loop file mounted with user_subvol_rm_allowed, owned by the user, in /etc/fstab for reboots) and
+# subordinate uids/gids, and each line that used it says "(sudo)". Podman's configuration, the venv, the
+# runtime and the base images are the user's own.
+#
 #   ops/setup_podman.sh [--microvm] [--dev]
 #     --microvm  also the microVM backend: QEMU, busybox, a compiler for the guest agent, and the guest
 #                kernel, taken out of Debian's kernel package into the store (no boot kernel is installed
@@ -17,6 +22,7 @@
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PATH="$PATH:/usr/sbin:/sbin"  # mkfs.btrfs, losetup, usermod: a user's PATH may lack them
 STORE="${SPROUT_STORE:-$HOME/sprout-btrfs}"
 STORE_IMG="${SPROUT_STORE_IMAGE:-$STORE.img}"
 STORE_SIZE="${SPROUT_STORE_SIZE:-40G}"
@@ -26,6 +32,11 @@ MICROVM="${SPROUT_MICROVM:-0}"
 DEV=0
 
 say() { printf '%-5s %s\n' "$1" "$2"; }
+ROOTLESS=0; SUDO_SAID=""
+if [ "$(id -u)" != 0 ]; then ROOTLESS=1; SUDO_SAID=" (sudo)"; fi
+as_root() {  # a command that needs root: sudo when rootless
+  if [ "$ROOTLESS" = 1 ]; then sudo "$@"; else "$@"; fi
+}
 die() { printf 'FAIL  %s\n' "$1" >&2; exit 1; }
 trap 'die "step failed at line $LINENO: $BASH_COMMAND"' ERR
 
@@ -48,9 +59,13 @@ APT_PACKAGES=(podman btrfs-progs runc mmdebstrap uidmap containernetworking-plug
 MICROVM_PACKAGES=(qemu-system-x86 busybox-static e2fsprogs cpio)
 [ "$MICROVM" = 1 ] && APT_PACKAGES+=("${MICROVM_PACKAGES[@]}")
 [ "$DEV" = 1 ] && APT_PACKAGES+=(docker-registry chromium)  # chromium: the viewer's browser tests
+[ "$ROOTLESS" = 1 ] && APT_PACKAGES+=(slirp4netns fuse-overlayfs)  # rootless podman's network and storage
 
 [[ "$STORE_MIN_FREE_GB" =~ ^[0-9]+$ ]] || die "SPROUT_STORE_MIN_FREE_GB=$STORE_MIN_FREE_GB: give whole GiB, e.g. 10"
-[ "$(id -u)" = 0 ] || die "run as root (podman over a btrfs loop store needs it; see README: rootless)"
+if [ "$ROOTLESS" = 1 ]; then
+  command -v sudo >/dev/null 2>&1 || die "run as root, or as a user with sudo (for the packages, the store and subuids)"
+  [ "$MICROVM" = 0 ] || die "--microvm: the microVM backend is set up as root only (rootless: containers)"
+fi
 
 # ---------------------------------------------------------------- apt packages
 missing=()
@@ -60,27 +75,49 @@ done
 if [ ${#missing[@]} -eq 0 ]; then
   say ok "apt packages: ${APT_PACKAGES[*]}"
 else
-  apt-get update -qq || die "apt-get update failed (is a Debian mirror reachable?)"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null \
+  as_root apt-get update -qq || die "apt-get update failed (is a Debian mirror reachable?)"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null \
     || die "apt-get install ${missing[*]} failed"
-  say done "apt packages: installed ${missing[*]}"
+  say done "apt packages: installed ${missing[*]}$SUDO_SAID"
+fi
+
+# ---------------------------------------------------------------- subordinate ids (rootless)
+# Rootless podman maps a container's uids 1..65536 onto a range of the user's subordinate ids.
+if [ "$ROOTLESS" = 1 ]; then
+  me="$(id -un)"
+  range() { awk -F: -v me="$me" -v id="$(id -u)" '$1 == me || $1 == id {print $2 ":" $3; exit}' "$1"; }
+  if [ -n "$(range /etc/subuid)" ] && [ -n "$(range /etc/subgid)" ]; then
+    say ok "subordinate ids: $me has uids $(range /etc/subuid), gids $(range /etc/subgid)"
+  else
+    first=$(awk -F: 'BEGIN {m = 100000} {if ($2 + $3 > m) m = $2 + $3} END {print m}' /etc/subuid /etc/subgid)
+    as_root usermod --add-subuids "$first-$((first + 65535))" --add-subgids "$first-$((first + 65535))" "$me" \
+      || die "usermod --add-subuids failed"
+    podman system migrate >/dev/null 2>&1 || true  # podman's user namespace is made again with them
+    say done "subordinate ids: gave $me uids and gids $first:65536$SUDO_SAID"
+  fi
+else
+  say skip "subordinate ids: running as root (rootless podman needs them, the set-up run as a user adds them)"
 fi
 
 # ---------------------------------------------------------------- podman configuration
 # crun fails on these cgroup-v1 hosts and podman's default rlimits exceed the hard limits. Sprout passes
 # --runtime runc --cgroup-manager cgroupfs and --ulimit itself; this drop-in makes a plain `podman`
 # work too, unless the user already chose a runtime (then we leave their config alone).
+# Rootless, the same settings are the user's own containers.conf.
 DROPIN=/etc/containers/containers.conf.d/50-sprout.conf
+[ "$ROOTLESS" = 1 ] && DROPIN="${XDG_CONFIG_HOME:-$HOME/.config}/containers/containers.conf"
+HEADER="# written by Sprout ops/setup_podman.sh"
 nofile_hard=$(ulimit -Hn); nproc_hard=$(ulimit -Hu)
 [ "$nofile_hard" = unlimited ] && nofile_hard=1048576
 [ "$nproc_hard" = unlimited ] && nproc_hard=32768
 nofile=$(( nofile_hard < 1048576 ? nofile_hard : 1048576 ))
 nproc=$(( nproc_hard < 32768 ? nproc_hard : 32768 ))
-want=$(printf '# written by Sprout ops/setup_podman.sh\n[containers]\ndefault_ulimits = ["nofile=%s:%s", "nproc=%s:%s"]\n\n[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n' \
-  "$nofile" "$nofile" "$nproc" "$nproc")
+want=$(printf '%s\n[containers]\ndefault_ulimits = ["nofile=%s:%s", "nproc=%s:%s"]\n\n[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n' \
+  "$HEADER" "$nofile" "$nofile" "$nproc" "$nproc")
+# another file choosing a runtime or cgroup manager (not one this script wrote) is the user's choice
 user_conf=$(grep -lsE '^\s*(runtime|cgroup_manager)\s*=' /etc/containers/containers.conf \
   /etc/containers/containers.conf.d/*.conf "$HOME/.config/containers/containers.conf" 2>/dev/null \
-  | grep -v "$DROPIN" || true)
+  | while read -r f; do [ "$(head -1 "$f")" = "$HEADER" ] || echo "$f"; done || true)
 if [ -n "$user_conf" ]; then
   say skip "podman config: keeping your settings in $user_conf (Sprout passes its own flags)"
 elif [ -f "$DROPIN" ] && [ "$(cat "$DROPIN")" = "$want" ]; then
@@ -99,7 +136,9 @@ say ok "podman runs: $(podman --version), runtime $(podman info --format '{{.Hos
 # per test session on 127.0.0.1:<free port> with its own config. The package's own service (:5000,
 # /var/lib/docker-registry) is not needed, so it is stopped and disabled; where systemd is not PID 1,
 # systemctl only edits the unit links and the SysV script is used to stop it.
-if [ "$DEV" = 1 ]; then
+if [ "$DEV" = 1 ] && [ "$ROOTLESS" = 1 ]; then
+  say skip "docker-registry service: left as it is (rootless; tests start their own on a free port)"
+elif [ "$DEV" = 1 ]; then
   reg_changed=()
   if [ -d /run/systemd/system ]; then
     if systemctl is-active --quiet docker-registry 2>/dev/null; then
@@ -135,6 +174,8 @@ fi
 
 # ---------------------------------------------------------------- btrfs store
 fstype() { stat -f -c %T "$1" 2>/dev/null || echo none; }
+MOUNT_OPTIONS="loop,noatime"
+[ "$ROOTLESS" = 1 ] && MOUNT_OPTIONS="$MOUNT_OPTIONS,user_subvol_rm_allowed"
 mkdir -p "$STORE"
 if [ "$(fstype "$STORE")" = btrfs ]; then
   say ok "btrfs store: $STORE ($(df -h --output=avail "$STORE" | tail -1 | tr -d ' ') free)"
@@ -146,8 +187,34 @@ else
   else
     say ok "btrfs loop file: $STORE_IMG"
   fi
-  mount -o loop,noatime "$STORE_IMG" "$STORE" || die "cannot mount $STORE_IMG at $STORE (loop devices?)"
-  say done "btrfs store: mounted $STORE_IMG at $STORE"
+  as_root mount -o "$MOUNT_OPTIONS" "$STORE_IMG" "$STORE" || die "cannot mount $STORE_IMG at $STORE (loop devices?)"
+  say done "btrfs store: mounted $STORE_IMG at $STORE$SUDO_SAID"
+  STORE_MOUNTED=1
+fi
+if [ "$ROOTLESS" = 1 ]; then
+  # The user deletes subvolumes it owns only on a filesystem mounted with user_subvol_rm_allowed.
+  if ! findmnt -n -o OPTIONS --target "$STORE" | grep -q user_subvol_rm_allowed; then
+    [ "$(findmnt -n -o SOURCE --target "$STORE")" = "$(losetup -n -O NAME -j "$STORE_IMG" 2>/dev/null | head -1)" ] \
+      || die "$STORE is on a btrfs filesystem mounted without user_subvol_rm_allowed (ask for it, or set SPROUT_STORE to a directory off btrfs: a loop file is made)"
+    as_root mount -o remount,user_subvol_rm_allowed "$STORE" || die "cannot remount $STORE with user_subvol_rm_allowed"
+    say done "btrfs store: remounted with user_subvol_rm_allowed$SUDO_SAID"
+    STORE_MOUNTED=1
+  fi
+  if [ "$(stat -c %u "$STORE")" != "$(id -u)" ]; then
+    as_root chown "$(id -u):$(id -g)" "$STORE" || die "cannot give $STORE to $(id -un)"
+    say done "btrfs store: $STORE owned by $(id -un)$SUDO_SAID"
+  fi
+  if [ -f "$STORE_IMG" ]; then
+    if awk -v store="$STORE" '$2 == store {found = 1} END {exit !found}' /etc/fstab; then
+      say ok "btrfs store: in /etc/fstab (mounted again after a reboot)"
+    else
+      printf '%s %s btrfs %s 0 0\n' "$STORE_IMG" "$STORE" "$MOUNT_OPTIONS" | as_root tee -a /etc/fstab >/dev/null \
+        || die "cannot add $STORE to /etc/fstab"
+      say done "btrfs store: added to /etc/fstab, so it is mounted again after a reboot$SUDO_SAID"
+    fi
+  fi
+  # podman's user namespace keeps the mounts it was made with: made again, it sees the store's
+  [ "${STORE_MOUNTED:-0}" = 0 ] || podman system migrate >/dev/null 2>&1 || true
 fi
 # A store on a loop file grows (sparse) when it runs low, as far as the disk under the file allows.
 kib_free() { df --output=avail -k "$1" | tail -1 | tr -d ' '; }
@@ -170,16 +237,16 @@ else
       say skip "btrfs store space: $low; the disk under $backing has no room to grow it ($gc_hint)"
     else
       truncate -s "+${grow_kib}K" "$backing"
-      losetup -c "$loop_dev"
-      btrfs filesystem resize max "$STORE" >/dev/null
+      as_root losetup -c "$loop_dev"
+      as_root btrfs filesystem resize max "$STORE" >/dev/null
       size="$(du -h --apparent-size "$backing" | cut -f1)"
-      say done "btrfs store space: grew $backing to $size ($(gib "$(kib_free "$STORE")") free)"
+      say done "btrfs store space: grew $backing to $size ($(gib "$(kib_free "$STORE")") free)$SUDO_SAID"
     fi
   fi
 fi
-if btrfs qgroup show "$STORE" >/dev/null 2>&1; then
-  btrfs quota disable "$STORE"
-  say done "btrfs quotas: disabled on $STORE (qgroups make snapshots slow)"
+if [ -d "/sys/fs/btrfs/$(findmnt -n -o UUID --target "$STORE")/qgroups" ]; then  # quotas are on
+  as_root btrfs quota disable "$STORE"
+  say done "btrfs quotas: disabled on $STORE (qgroups make snapshots slow)$SUDO_SAID"
 else
   say ok "btrfs quotas: off"
 fi

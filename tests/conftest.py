@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sprout import rootless
 from sprout.sandbox import Store, btrfs
 from sprout.sandbox.errors import InUseError
 from sprout.sandbox.podman import command as podman_command
@@ -26,6 +27,11 @@ REPO = Path(__file__).resolve().parents[1]
 RUNTIME_BIN = REPO / "runtime" / "sprout-runtime"
 PYTHON_IMAGE = "docker.io/library/python:3.11-slim"
 DEBIAN_IMAGE = "docker.io/library/debian:bookworm"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A user without root runs the tests inside podman's user namespace, as the `sprout` command runs."""
+    rootless.enter()
 
 
 @pytest.hookimpl(wrapper=True)

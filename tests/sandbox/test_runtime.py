@@ -86,21 +86,21 @@ def test_a_bad_profile_or_directory_is_one_line_and_125(sandbox, tmp_path):
 def test_a_killed_runtime_takes_its_command_with_it(sandbox):
     """Killed at once, as soon as its child has joined the sandbox's cgroups (before the runtime set
     the child's parent-death signal, the command outlived it more than half the time), ten times over."""
-    cgroup = confinement.read(sandbox.profile_path)["cgroup_procs"]
-    before = processes.processes(cgroup)
+    profile = confinement.read(sandbox.profile_path)
+    before = processes.processes(profile)
     for _ in range(10):
         proc = subprocess.Popen([str(RUNTIME_BIN), "exec", "--profile", str(sandbox.profile_path), "--",
                                  "sleep", "1000"])
         deadline = time.monotonic() + 10
-        while not processes.processes(cgroup) - before and time.monotonic() < deadline:
+        while not processes.processes(profile) - before and time.monotonic() < deadline:
             pass
-        assert processes.processes(cgroup) - before, "the command never started"
+        assert processes.processes(profile) - before, "the command never started"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         deadline = time.monotonic() + 10
-        while processes.processes(cgroup) - before and time.monotonic() < deadline:
+        while processes.processes(profile) - before and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert not processes.processes(cgroup) - before
+        assert not processes.processes(profile) - before
 
 
 def test_the_set_up_script_compiles_it_from_this_source_and_doctor_says_when_not(tmp_path):

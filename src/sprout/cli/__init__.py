@@ -16,7 +16,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from .. import __version__
+from .. import __version__, rootless
 from ..console import run_cli
 
 Command = Callable[[argparse.Namespace], int | None]
@@ -63,6 +63,8 @@ def run(argv: list[str]) -> int | None:
 
 def main(argv: list[str] | None = None) -> None:
     """The console script `sprout` (and `python -m sprout`)."""
+    if argv is None:
+        rootless.enter()
     run_cli(run, sys.argv[1:] if argv is None else argv)
 
 
@@ -71,4 +73,5 @@ def alias(module: str) -> None:
     from .aliases import SEED_FORMS
 
     prefix, translate = SEED_FORMS[module]
+    rootless.enter()
     run_cli(lambda argv: run([*prefix, *translate(argv)]), sys.argv[1:])

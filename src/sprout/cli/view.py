@@ -25,7 +25,8 @@ def cmd_view(args: argparse.Namespace) -> int:
         errors.print(f"warning: serving on {args.host}: anyone who reaches this host can read these runs", markup=False)
     console.print(f"serving {len(runs.evaluations)} evaluation(s) at http://{args.host}:{args.port}/ (Ctrl-C stops)",
                   markup=False)
-    uvicorn.run(app(runs), host=args.host, port=args.port, log_level="warning")
+    # a page following a running evaluation holds its event stream open: stopping waits for none of them
+    uvicorn.run(app(runs), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=2)
     return 0
 
 

@@ -9,6 +9,7 @@ import struct
 import tempfile
 from pathlib import Path
 
+from .. import rootless
 from . import shell
 from .errors import StoreError
 
@@ -18,6 +19,11 @@ IOCTL_ARGS_SIZE = 4096  # btrfs_ioctl_search_args, btrfs_ioctl_ino_lookup_args, 
 IOC_TREE_SEARCH = 0xD0009411  # _IOWR(0x94, 17, 4096)
 IOC_INO_LOOKUP = 0xD0009412  # _IOWR(0x94, 18, 4096)
 IOC_SNAP_DESTROY_V2 = 0x5000943F  # _IOW(0x94, 63, 4096)
+# and the two a user without CAP_SYS_ADMIN may use: a subvolume's children, and a child's path
+IOC_GET_SUBVOL_ROOTREF = 0xD000943D  # _IOWR(0x94, 61, 4096)
+IOC_INO_LOOKUP_USER = 0xD000943E  # _IOWR(0x94, 62, 4096)
+ROOTREF_MAX_ITEMS = 255  # per call (BTRFS_MAX_ROOTREF_BUFFER_NUM); EOVERFLOW when there are more
+LOOKUP_USER_NAME, LOOKUP_USER_PATH = 16, 272  # offsets of name[256] and path[] in the lookup's arguments
 IOC_SEND = 0x40489426  # _IOW(0x94, 38, struct btrfs_ioctl_send_args): 72 bytes
 SEND_NO_FILE_DATA = 1  # BTRFS_SEND_FLAG_NO_FILE_DATA: the stream names writes without their bytes
 SEND_MAGIC = b"btrfs-stream\0"
@@ -50,6 +56,17 @@ def is_subvolume(path: Path) -> bool:
         return stat.S_ISDIR(info.st_mode) and info.st_ino == SUBVOLUME_ROOT_INODE and is_btrfs(path)
     except FileNotFoundError:
         return False
+
+
+def mount_options(path: Path) -> set[str]:
+    """The options (its superblock's too) of the filesystem mounted where `path` is."""
+    found, options = "", set()
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        point = fields[4]
+        if (str(path) == point or str(path).startswith(point.rstrip("/") + "/")) and len(point) >= len(found):
+            found, options = point, set(fields[5].split(",")) | set(fields[-1].split(","))
+    return options
 
 
 def create(path: Path) -> None:
@@ -156,11 +173,16 @@ def _delete_by_id(mount_fd: int, subvolume_id: int) -> None:
 
 def delete(path: Path) -> None:
     """Deletes a subvolume and any subvolumes nested in it (btrfs-progs 6.2 cannot recurse). Nested
-    ones are found and deleted by id, so the names a sandbox gives them never matter."""
+    ones are found and deleted by id, so the names a sandbox gives them never matter; rootless, where
+    deleting by id is not allowed, by the paths the kernel gives for them (nothing runs in the tree then)."""
     if not is_subvolume(path):
         if path.is_symlink() or path.exists():
             raise StoreError(f"{path} is not a btrfs subvolume; refusing to delete it")
         return
+    (_delete_as_owner if rootless.entered() else _delete_as_root)(path)
+
+
+def _delete_as_root(path: Path) -> None:
     nested = nested_subvolume_ids(path)
     if nested:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
@@ -170,6 +192,57 @@ def delete(path: Path) -> None:
         finally:
             os.close(fd)
     shell.run(["btrfs", "subvolume", "delete", str(path)], what="btrfs subvolume delete")
+
+
+def _delete_as_owner(path: Path) -> None:
+    """Rootless: the store is mounted user_subvol_rm_allowed, and its owner deletes a subvolume once it is
+    writable and holds no other, and none inside a read-only one."""
+    nested = _nested_paths(path)
+    for subvolume in [path, *nested[::-1]]:  # parents first
+        if is_readonly(subvolume):
+            set_readonly(subvolume, False)
+    for subvolume in [*nested, path]:
+        shell.run(["btrfs", "subvolume", "delete", str(subvolume)], what="btrfs subvolume delete")
+
+
+def _child_paths(fd: int) -> list[bytes]:
+    """The paths, relative to the subvolume open as `fd`, of the subvolumes directly below it."""
+    refs: list[tuple[int, int]] = []
+    while True:
+        args = _ioctl_args(IOCTL_ARGS_SIZE, min_treeid=(0, "=Q", refs[-1][0] + 1 if refs else 0))
+        try:
+            fcntl.ioctl(fd, IOC_GET_SUBVOL_ROOTREF, args)
+            more = False
+        except OSError as e:
+            if e.errno != errno.EOVERFLOW:
+                raise
+            more = True
+        count = args[8 + ROOTREF_MAX_ITEMS * 16]
+        refs += [struct.unpack_from("=QQ", args, 8 + 16 * i) for i in range(count)]
+        if not more or not count:
+            break
+    paths = []
+    for tree_id, dir_id in refs:
+        args = _ioctl_args(IOCTL_ARGS_SIZE, dirid=(0, "=Q", dir_id), treeid=(8, "=Q", tree_id))
+        fcntl.ioctl(fd, IOC_INO_LOOKUP_USER, args)
+        name = bytes(args[LOOKUP_USER_NAME:LOOKUP_USER_PATH]).split(b"\0")[0]
+        paths.append(bytes(args[LOOKUP_USER_PATH:]).split(b"\0")[0] + name)
+    return paths
+
+
+def _nested_paths(path: Path) -> list[Path]:
+    """The subvolumes below `path`, deepest first."""
+    found, pending = [], [path]
+    while pending:
+        top = pending.pop()
+        fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            children = [top / os.fsdecode(child) for child in _child_paths(fd)]
+        finally:
+            os.close(fd)
+        found += children
+        pending += children
+    return found[::-1]
 
 
 def changed_paths(parent: Path, target: Path) -> dict[bytes, bool]:

@@ -15,6 +15,7 @@ import resource
 import time
 from pathlib import Path
 
+from .. import rootless
 from .errors import SandboxStateError
 
 RUNC_STATE_DIRS = (Path("/run/runc"), Path("/run/runc-ctrs"))
@@ -28,7 +29,7 @@ _libc.ptrace.restype = ctypes.c_long
 
 
 def runc_state(container_id: str) -> dict | None:
-    for root in RUNC_STATE_DIRS:
+    for root in (rootless.runtime_dir() / "runc",) if rootless.entered() else RUNC_STATE_DIRS:
         path = root / container_id / "state.json"
         if path.exists():
             return json.loads(path.read_text())
@@ -91,6 +92,9 @@ def dump_seccomp(pid: int, stop_timeout_s: float = STOP_TIMEOUT_S) -> list[bytes
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
         filters: list[bytes] = []
+        if _libc.ptrace(PTRACE_SECCOMP_GET_FILTER, pid, ctypes.c_void_p(0), None) < 0:  # never run without it
+            raise SandboxStateError(f"cannot read the seccomp filter of the sandbox init {pid}: "
+                                    f"{os.strerror(ctypes.get_errno())}")
         while (count := _libc.ptrace(PTRACE_SECCOMP_GET_FILTER, pid, ctypes.c_void_p(len(filters)), None)) > 0:
             buf = ctypes.create_string_buffer(count * 8)
             _libc.ptrace(PTRACE_SECCOMP_GET_FILTER, pid, ctypes.c_void_p(len(filters)), buf)
@@ -116,8 +120,8 @@ def capture(container_id: str) -> dict:
         key, sep, value = item.decode(errors="surrogateescape").partition("=")
         if sep:
             env[key] = value
-    cgroup_procs = []
-    for path in sorted(set(state["cgroup_paths"].values())):
+    cgroup_procs = []  # none rootless: the paths there are the user's own cgroups, not the sandbox's
+    for path in sorted(set(state["cgroup_paths"].values()) if not rootless.entered() else ()):
         procs = Path(path) / "cgroup.procs"
         if procs.exists():
             cgroup_procs.append(str(procs))
@@ -133,14 +137,17 @@ def capture(container_id: str) -> dict:
                  (("bnd", "Bnd"), ("eff", "Eff"), ("prm", "Prm"), ("inh", "Inh"), ("amb", "Amb"))},
         "no_new_privs": status.get("NoNewPrivs") == "1",
         "umask": int(status.get("Umask", "0022"), 8),
-        "seccomp": dump_seccomp(pid) if status.get("Seccomp") == "2" else [],
+        "seccomp": dump_seccomp(pid) if status.get("Seccomp") == "2" and not rootless.entered() else [],
+        # rootless, the filter cannot be read (that needs CAP_SYS_ADMIN): the runtime refuses such a profile
+        "seccomp_unread": status.get("Seccomp") == "2" and rootless.entered(),
         "env": env,
         "rlimits": read_rlimits(pid),
     }
 
 
 PROFILE_HEADER = "sprout-exec-profile 1"
-_SCALARS = ("container_id", "init_pid", "init_starttime", "uid", "gid", "no_new_privs", "umask", "freeze_lock")
+_BOOLS = {"no_new_privs", "seccomp_unread"}
+_SCALARS = ("container_id", "init_pid", "init_starttime", "uid", "gid", *sorted(_BOOLS), "umask", "freeze_lock")
 _INTS = {"init_pid", "init_starttime", "uid", "gid", "umask"}
 CAP_SETS = ("bnd", "eff", "prm", "inh", "amb")
 
@@ -157,7 +164,7 @@ def write(profile: dict, path: Path) -> None:
     """The profile as lines `key value` (values escape backslash and newline), read by the compiled runtime
     (runtime.c) on every command and by `read` here."""
     lines = [PROFILE_HEADER]
-    lines += [f"{key} {_escape(str(int(profile[key]) if key == 'no_new_privs' else profile[key]))}"
+    lines += [f"{key} {_escape(str(int(profile[key]) if key in _BOOLS else profile[key]))}"
               for key in _SCALARS if key in profile]
     lines.append("groups " + " ".join(map(str, profile["groups"])))
     lines.append("caps " + " ".join(f"{profile['caps'][name]:x}" for name in CAP_SETS))
@@ -180,7 +187,7 @@ def read(path: Path) -> dict:
         key, _, value = line.partition(" ")
         if key in _INTS:
             profile[key] = int(value)
-        elif key == "no_new_privs":
+        elif key in _BOOLS:
             profile[key] = value == "1"
         elif key in _SCALARS:
             profile[key] = _unescape(value)

@@ -119,7 +119,7 @@ def _run_client(cmd: list[str], profile: dict, timeout: float | None, max_output
     """Runs the client that enters the sandbox (the runtime or `podman exec`) and reads its output; at the
     timeout, or if the caller is interrupted, every process the sandbox started meanwhile is killed."""
     started = time.monotonic()
-    before = processes(profile["cgroup_procs"])
+    before = processes(profile)
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = None if timeout is None else started + timeout
     try:

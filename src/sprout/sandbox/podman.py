@@ -7,6 +7,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import rootless
 from ..settings import settings
 from . import shell
 from .errors import CommandError, ImageNotFound
@@ -151,12 +152,10 @@ def run_container(spec: ContainerSpec) -> str:
         args += ["--env", f"{key}={value}"]
     for key, value in spec.labels.items():
         args += ["--label", f"{key}={value}"]
-    if spec.memory:
-        args += ["--memory", spec.memory]
-    if spec.pids:
-        args += ["--pids-limit", str(spec.pids)]
-    if spec.cpus:
-        args += ["--cpus", str(spec.cpus)]
+    if rootless.limits_apply():
+        args += ["--memory", spec.memory] if spec.memory else []
+        args += ["--pids-limit", str(spec.pids)] if spec.pids else []
+        args += ["--cpus", str(spec.cpus)] if spec.cpus else []
     for source, target, options in spec.mounts:
         args += ["--volume", f"{source}:{target}:{options}"]
     args += ["--network", network() if spec.network else "none"]

@@ -1,7 +1,9 @@
-"""A sandbox's processes seen from the host: who is there (its cgroups), freezing them all, and killing
-every process a command started, whatever it did to escape its parent (setsid, double forks, a cleared
-environment). Commands are timed out and cancelled with this, whichever way they entered the sandbox."""
+"""A sandbox's processes seen from the host: who is there (its cgroups, or rootless, where it has none of
+its own, its PID namespace), freezing them all, and killing every process a command started, whatever it
+did to escape its parent (setsid, double forks, a cleared environment). Commands are timed out and
+cancelled with this, whichever way they entered the sandbox."""
 
+import contextlib
 import fcntl
 import os
 import signal
@@ -24,10 +26,29 @@ def _cgroup_pids(cgroup_procs: list[str]) -> set[int]:
     return pids
 
 
-def processes(cgroup_procs: list[str]) -> set[tuple[int, int]]:
-    """(pid, start time) of every process in the sandbox's cgroups: who is there, pid reuse aside."""
+def _pid_namespace(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def _namespace_pids(init_pid: int) -> set[int]:
+    """Every process in the PID namespace of the sandbox's init (a sandbox without cgroups of its own)."""
+    namespace = _pid_namespace(init_pid)
+    if namespace is None:
+        return set()
+    return {int(entry) for entry in os.listdir("/proc") if entry.isdigit() and _pid_namespace(int(entry)) == namespace}
+
+
+def _pids(profile: dict) -> set[int]:
+    return _cgroup_pids(profile["cgroup_procs"]) if profile["cgroup_procs"] else _namespace_pids(profile["init_pid"])
+
+
+def processes(profile: dict) -> set[tuple[int, int]]:
+    """(pid, start time) of every process in the sandbox: who is there, pid reuse aside."""
     found = set()
-    for pid in _cgroup_pids(cgroup_procs):
+    for pid in _pids(profile):
         try:
             found.add((pid, proc_starttime(pid)))
         except (OSError, ValueError, IndexError):
@@ -71,14 +92,69 @@ def _thaw(cgroup_procs: list[str]) -> None:
             f.write(files[3])
 
 
+class _Stopped:
+    """The processes of a sandbox without a freezer (rootless), stopped with SIGSTOP through pidfds: a pid
+    a process left, and another took, is never signalled. Processes the sandbox had stopped itself are left
+    as they are, stopped."""
+
+    def __init__(self, profile: dict):
+        self.init_pid = profile["init_pid"]
+        self.pidfds: dict[int, int] = {}  # pid -> pidfd of each process stopped here
+        self.seen: set[int] = set()
+
+    def stop(self, timeout_s: float) -> bool:
+        namespace, deadline = _pid_namespace(self.init_pid), time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            new = _namespace_pids(self.init_pid) - self.seen
+            for pid in new:
+                self._stop(pid, namespace)
+            self.seen |= new
+            if not new and all(_state(pid) in "TtZX" for pid in self.pidfds):
+                return True
+            time.sleep(0.0002)
+        self.resume()
+        return False
+
+    def _stop(self, pid: int, namespace: int | None) -> None:
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            return
+        if _pid_namespace(pid) != namespace or _state(pid) in "TtZX":  # not the sandbox's, or stopped by it
+            os.close(pidfd)
+            return
+        self.pidfds[pid] = pidfd
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(pidfd, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        for pidfd in self.pidfds.values():
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(pidfd, signal.SIGCONT)
+            os.close(pidfd)
+        self.pidfds, self.seen = {}, set()
+
+
+def _state(pid: int) -> str:
+    """The process's state letter (R, S, D, T, Z, ...); X when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return chr(stat[stat.rindex(b")") + 2])
+    except (OSError, ValueError, IndexError):
+        return "X"
+
+
 class frozen:  # noqa: N801 - used like contextlib's lowercase context managers
     """`with frozen(profile) as ok:` freezes every process of the sandbox (the cgroup freezer: they stop
-    between system calls) and thaws them on exit; `ok` is False when the sandbox has no freezer or it
-    did not settle in time. Freezes of one sandbox are serialized by the profile's lock file (a
-    checkpoint and a command's timeout in another process never thaw each other's freeze)."""
+    between system calls; rootless, without one: SIGSTOP until every one has stopped) and thaws them on
+    exit; `ok` is False when they did not settle in time. Freezes of one sandbox are serialized by the
+    profile's lock file (a checkpoint and a command's timeout in another process never thaw each other's
+    freeze)."""
 
     def __init__(self, profile: dict, timeout_s: float = FREEZE_TIMEOUT_S):
-        self.procs, self.lock, self.timeout_s = profile["cgroup_procs"], profile.get("freeze_lock"), timeout_s
+        self.profile, self.lock, self.timeout_s = profile, profile.get("freeze_lock"), timeout_s
+        self.stopped = _Stopped(profile) if not profile["cgroup_procs"] else None
         self.lock_fd: int | None = None
         self.ok = False
 
@@ -86,12 +162,17 @@ class frozen:  # noqa: N801 - used like contextlib's lowercase context managers
         if self.lock:
             self.lock_fd = os.open(self.lock, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
             fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
-        self.ok = _freeze(self.procs, self.timeout_s)
+        if self.stopped is not None:
+            self.ok = self.stopped.stop(self.timeout_s)
+        else:
+            self.ok = _freeze(self.profile["cgroup_procs"], self.timeout_s)
         return self.ok
 
     def __exit__(self, *_exc) -> None:
-        if self.ok:
-            _thaw(self.procs)
+        if self.ok and self.stopped is not None:
+            self.stopped.resume()
+        elif self.ok:
+            _thaw(self.profile["cgroup_procs"])
         if self.lock_fd is not None:
             os.close(self.lock_fd)
 
@@ -103,7 +184,7 @@ def kill_new_processes(profile: dict, before: set[tuple[int, int]]) -> int:
     killed: set[tuple[int, int]] = set()
     with frozen(profile):
         for _ in range(KILL_ROUNDS):  # without a freezer, a process may fork while we scan
-            new = processes(profile["cgroup_procs"]) - before - killed
+            new = processes(profile) - before - killed
             if not new:
                 break
             for pid, _start in new:

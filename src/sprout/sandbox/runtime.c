@@ -178,6 +178,9 @@ static void parse_line(struct profile *p, char *key, char *value) {
         r->limit.rlim_max = rlimit_value(hard + 1);
     } else if (!strcmp(key, "seccomp")) {
         parse_seccomp(p, value);
+    } else if (!strcmp(key, "seccomp_unread") && strcmp(value, "0") != 0) {
+        die("the sandbox's seccomp filter could not be read (rootless: that needs CAP_SYS_ADMIN), so its "
+            "commands go through `podman exec`");
     } else if (!strcmp(key, "env") && p->n_env < MAX_ITEMS) {
         p->env[p->n_env++] = unescape(value);
     } /* other keys (container_id, freeze_lock) are for Sprout itself */

@@ -23,6 +23,7 @@ from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from .. import rootless
 from ..settings import settings
 from . import backends, btrfs, confinement, podman, rootfs, shell, trust
 from .diff import CheckpointDiff, diff_trees
@@ -236,9 +237,14 @@ class Store:
     def __init__(self, root: Path | None = None, runtime_bin: Path | None = None, owner: dict | None = None,
                  backend: str = "container"):
         backends.get(backend)  # an unknown name fails here, clearly
+        rootless.require_namespace()
         self.backend = backend  # of the sandboxes made from images; a branch keeps its checkpoint's
         self.root = Path(root or default_root()).expanduser().absolute()
         self.runtime_bin = runtime_bin if runtime_bin is not None else settings().runtime_bin
+        if self.runtime_bin is not None and rootless.entered():
+            rootless.say_once("commands run through `podman exec`: rootless, sprout-runtime cannot load a "
+                              "sandbox's seccomp filter (reading it needs CAP_SYS_ADMIN)")
+            self.runtime_bin = None
         self.owner = None if owner is None else {**owner, "host": socket.gethostname(), "pid": os.getpid(),
                                                  "start": confinement.proc_starttime(os.getpid())}
         ensure_mounted(self.root)

@@ -10,9 +10,10 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
+from .. import rootless
 from ..checkout import RUNTIME_LAUNCHER, RUNTIME_SOURCE
 from ..errors import SproutError
-from ..sandbox import Store, backends, podman, shell, trust
+from ..sandbox import Store, backends, btrfs, podman, shell, trust
 from ..sandbox.backends import Check
 from ..sandbox.images import RECIPES, stand_ins_in_podman
 from ..settings import settings
@@ -44,6 +45,37 @@ def _store(root: Path | None) -> tuple[Check, Store | None]:
     except (SproutError, OSError) as e:
         return Check("store", False, str(e)), None
     return Check("store", True, f"{store.root} mounted (btrfs) and writable"), store
+
+
+def _rootless(store: Store | None) -> list[Check]:
+    """As a user without root: the user namespace, the store's mount, and each guarantee that differs."""
+    if not rootless.active():
+        return []
+    if not rootless.entered():
+        user = f"uid {os.geteuid()}"
+        why = ("podman is not installed (run ops/setup_podman.sh)" if shutil.which("podman") is None else
+               f"{user} has no subordinate ids in /etc/subuid (ops/setup_podman.sh adds them with sudo)"
+               if rootless.subordinate_ids() is None else f"{user} runs outside podman's user namespace "
+               "(`podman unshare` failed?)")
+        return [Check("rootless", False, why)]
+    checks = [Check("rootless", True, f"uid {rootless.user_id()}, in podman's user namespace (subordinate ids "
+                                      f"{rootless.subordinate_ids() or '?'}); the store's files keep their owners")]
+    if store is not None:
+        options = btrfs.mount_options(store.root)
+        ok = "user_subvol_rm_allowed" in options
+        checks.append(Check("store mount", ok, "user_subvol_rm_allowed: the store's owner deletes subvolumes" if ok
+                            else f"{store.root} is mounted without user_subvol_rm_allowed, so sandboxes and "
+                                 "checkpoints cannot be deleted (ops/setup_podman.sh mounts it so)"))
+    if not rootless.limits_apply():
+        checks.append(Check("rootless limits", True, "none: rootless podman on cgroup v1 sets no memory, pids or "
+                            "CPU limit, so a sandbox can use what the user can"))
+    checks.append(Check("rootless freeze", True, "a checkpoint stops the sandbox's processes with SIGSTOP (there "
+                        "is no cgroup freezer of its own) and continues them after; a sandbox's processes are "
+                        "those of its PID namespace"))
+    checks.append(Check("rootless exec", True, "commands run through `podman exec`, not sprout-runtime: it "
+                        "cannot read a sandbox's seccomp filter to load it (that needs CAP_SYS_ADMIN)"))
+    checks.append(Check("rootless diff", True, "checkpoint diffs walk both trees (btrfs send needs root)"))
+    return checks
 
 
 def _free_space(store: Store) -> Check:
@@ -170,7 +202,7 @@ def round_trip(name: str, store: Store, detail: str, smoke: backends.Smoke = bac
         return value
 
     try:
-        image = store.image(RECIPES[-1].tags[0])
+        image = store.resolve_image(RECIPES[-1].tags[0])  # a new store imports it from podman
         sandbox = timed(smoke.first, lambda: store.create_sandbox(image, label="doctor", **smoke.create))
         sandboxes.append(sandbox)
         result = timed("exec", lambda: sandbox.exec("echo sprout > /tmp/doctor && cat /tmp/doctor"))
@@ -210,7 +242,7 @@ def run_checks(store_root: Path | None = None, runtime_bin: Path | None = None,
     checks = [_python(), _kernel_btrfs()]
     store_check, store = _store(store_root)
     checks.append(store_check)
-    checks += [_podman(), _cgroups(), _rlimits(), _host_trust(), _runtime_bin(runtime_bin)]
+    checks += [*_rootless(store), _podman(), _cgroups(), _rlimits(), _host_trust(), _runtime_bin(runtime_bin)]
     if store is None:
         checks += [Check(name, False, "skipped: no store") for name in ("free space", "base images", "smoke test")]
     else:

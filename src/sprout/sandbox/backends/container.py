@@ -153,7 +153,7 @@ def _killed_on(cancel: threading.Event | None, profile: dict) -> Iterator[None]:
     if cancel is None:
         yield
         return
-    before = processes.processes(profile["cgroup_procs"])
+    before = processes.processes(profile)
     with execution.on_cancel(cancel, lambda: processes.kill_new_processes(profile, before), "exec-cancel"):
         yield
 

@@ -1,0 +1,145 @@
+"""Sprout as a user without root (issue 29): run by .ci/rootless as a throwaway user that ops/setup_podman.sh
+set up with sudo, inside that user's podman namespace (the conftest enters it, as the `sprout` command does).
+
+    .venv/bin/python -m pytest -m rootless      # as that user; as root these tests refuse to run
+"""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from sprout import rootless
+from sprout.sandbox import Store, btrfs, confinement, processes
+from sprout.sandbox.errors import TransferError
+from tests.conftest import DEBIAN_IMAGE, PYTHON_IMAGE, REPO, RUNTIME_BIN
+
+pytestmark = pytest.mark.rootless
+
+
+@pytest.fixture(autouse=True)
+def _rootless() -> None:
+    assert rootless.entered(), "run these tests as a user without root (.ci/rootless does), not as root"
+
+
+def _uid_map() -> list[list[int]]:
+    return [[int(n) for n in line.split()] for line in Path("/proc/self/uid_map").read_text().splitlines()]
+
+
+def test_files_keep_the_images_owners_and_map_onto_the_users_ids(store: Store):
+    sandbox = store.create_sandbox(DEBIAN_IMAGE)
+    assert sandbox.exec("stat -c %u:%g /etc/shadow && id -u").output.split() == ["0:42", "0"]
+    shadow = (sandbox.rootfs / "etc" / "shadow").stat()
+    assert (shadow.st_uid, shadow.st_gid) == (0, 42)  # seen from Sprout's side of the namespace too
+    user, subordinate = _uid_map()
+    assert user == [0, rootless.user_id(), 1] and subordinate[0] == 1 and subordinate[2] >= 65536
+    assert os.stat(store.root).st_uid == 0  # the store is the user's: uid 0 here
+
+
+def test_commands_go_through_podman_exec_with_the_containers_seccomp_filter(base_store: Store):
+    """sprout-runtime cannot read the container's seccomp filter rootless (ptrace's SECCOMP_GET_FILTER needs
+    CAP_SYS_ADMIN), and would run commands without one: a store given it uses `podman exec` instead."""
+    store = Store(base_store.root, runtime_bin=RUNTIME_BIN)
+    assert store.runtime_bin is None
+    sandbox = store.create_sandbox(DEBIAN_IMAGE)
+    try:
+        status = sandbox.exec("grep -E '^(NoNewPrivs|Seccomp|CapEff)' /proc/self/status").output.split("\n")
+        assert status[:3] == ["CapEff:\t00000000800405fb", "NoNewPrivs:\t1", "Seccomp:\t2"]
+        done = subprocess.run([str(RUNTIME_BIN), "exec", "--profile", str(sandbox.profile_path), "--", "true"],
+                              capture_output=True, text=True)
+        assert done.returncode == 125 and "seccomp" in done.stderr, done.stderr
+    finally:
+        sandbox.destroy()
+
+
+def test_checkpoint_freezes_and_continues_and_a_branch_has_its_files(store: Store):
+    sandbox = store.create_sandbox(PYTHON_IMAGE)
+    sandbox.exec("echo one > /tmp/file && (setsid sleep 300 >/dev/null 2>&1 &)")
+    profile = confinement.read(sandbox.profile_path)
+    assert profile["cgroup_procs"] == []  # rootless on cgroup v1: none of its own, found by PID namespace
+    deadline = time.monotonic() + 10
+    while not (sleeper := [pid for pid, _ in processes.processes(profile) if _cmdline(pid) == b"sleep\x00300\x00"]):
+        assert time.monotonic() < deadline, "the background sleep never started"
+        time.sleep(0.05)
+    checkpoint = sandbox.checkpoint()
+    assert _state(sleeper[0]) in "RS"  # stopped for the snapshot, continued after it
+    sandbox.exec("echo two > /tmp/file")
+    branch = checkpoint.branch()
+    assert branch.exec("cat /tmp/file").output == "one\n"
+    assert sandbox.exec("cat /tmp/file").output == "two\n"
+    with processes.frozen(profile) as ok:
+        assert ok and _state(sleeper[0]) == "T"
+    assert _state(sleeper[0]) in "RS"
+
+
+def test_a_timeout_kills_what_the_command_left_behind(store: Store):
+    sandbox = store.create_sandbox(DEBIAN_IMAGE)
+    profile = confinement.read(sandbox.profile_path)
+    before = processes.processes(profile)
+    started = time.monotonic()
+    result = sandbox.exec("(setsid sh -c 'sleep 1000' &) ; (nohup sleep 1001 &) ; sleep 1002", timeout=2)
+    assert result.exit_code == 124 and time.monotonic() - started < 30
+    assert processes.processes(profile) == before
+    assert sandbox.exec("echo still here").output == "still here\n"
+
+
+def test_host_side_reads_resolve_links_inside_the_sandbox_and_refuse_fifos(store: Store):
+    sandbox = store.create_sandbox(DEBIAN_IMAGE)
+    sandbox.exec("ln -s /../../../../../etc/passwd /tmp/up && mkfifo /tmp/fifo")
+    with sandbox.files() as files:
+        passwd = files.read_file("/tmp/up", 1 << 20)
+        assert passwd is not None and passwd.startswith(b"root:x:0:0") and os.environ["USER"].encode() not in passwd
+        with pytest.raises(TransferError):
+            files.read_file("/tmp/fifo", 1 << 20)
+
+
+def test_subvolumes_nested_and_read_only_are_deleted_by_their_owner(base_store: Store):
+    top = base_store.root / "cache" / f"nested-{os.getpid()}"
+    btrfs.create(top)
+    (top / "a" / "b").mkdir(parents=True)
+    btrfs.create(top / "a" / "b" / "inner")
+    btrfs.create(top / "a" / "b" / "inner" / "deeper")
+    btrfs.snapshot(top / "a" / "b" / "inner", top / "frozen", readonly=True)
+    btrfs.set_readonly(top)
+    btrfs.delete(top)
+    assert not top.exists()
+
+
+def test_doctor_passes_and_says_what_differs_rootless():
+    done = subprocess.run([str(REPO / ".venv" / "bin" / "sprout"), "doctor", "--json"], capture_output=True,
+                          text=True, timeout=300)
+    report = json.loads(done.stdout)
+    checks = {check["name"]: check for check in report["checks"]}
+    assert report["ok"] and done.returncode == 0, done.stdout + done.stderr
+    assert f"uid {rootless.user_id()}, in podman's user namespace" in checks["rootless"]["detail"]
+    assert "user_subvol_rm_allowed" in checks["store mount"]["detail"]
+    assert "sets no memory, pids or CPU limit" in checks["rootless limits"]["detail"]
+    assert "SIGSTOP" in checks["rootless freeze"]["detail"] and "smoke test" in checks
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _state(pid: int) -> str:
+    stat = Path(f"/proc/{pid}/stat").read_bytes()
+    return chr(stat[stat.rindex(b")") + 2])
+
+
+def test_a_signal_to_the_store_owner_namespace_never_reaches_other_processes(store: Store):
+    """Stopping a sandbox's processes (SIGSTOP by PID namespace) leaves the user's own processes alone."""
+    outside = subprocess.Popen(["sleep", "300"])
+    try:
+        sandbox = store.create_sandbox(DEBIAN_IMAGE)
+        with processes.frozen(confinement.read(sandbox.profile_path)) as ok:
+            assert ok and _state(outside.pid) in "RS"
+    finally:
+        outside.send_signal(signal.SIGKILL)
+        outside.wait()
