@@ -2,6 +2,7 @@
 
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -32,6 +33,30 @@ DEBIAN_IMAGE = "docker.io/library/debian:bookworm"
 def pytest_configure(config: pytest.Config) -> None:
     """A user without root runs the tests inside podman's user namespace, as the `sprout` command runs."""
     rootless.enter()
+
+
+# The files that take longest (from CI's durations), run first: pytest-xdist hands whole files out in
+# collection order (--dist loadfile), and a long file handed out last is the suite's tail.
+LONGEST_FIRST = (
+    "tests/method/test_evaluate.py", "tests/method/test_worker_churn.py", "tests/services/test_litellm_proxy.py",
+    "tests/rl_driver/test_driver.py", "tests/method/test_parallel.py", "tests/method/test_evaluate_runstore.py",
+    "tests/sandbox/test_microvm.py", "tests/tasks/test_swe_rebench.py", "tests/rl_driver/test_search.py",
+    "tests/services/test_services.py", "tests/agent/test_run.py", "tests/runstore/test_worker_lifecycle.py",
+    "tests/rl_driver/test_host_lost.py", "tests/method/test_view.py", "tests/sandbox/test_host_trust.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest files first (LONGEST_FIRST); tests/rootless/ is what only a user without root runs
+    (.ci/rootless): as root it is deselected."""
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.partition("::")[0], len(rank)))  # stable: files stay whole
+    if rootless.entered():
+        return
+    rootless_only = [item for item in items if item.nodeid.startswith("tests/rootless/")]
+    if rootless_only:
+        config.hook.pytest_deselected(items=rootless_only)
+        items[:] = [item for item in items if not item.nodeid.startswith("tests/rootless/")]
 
 
 @pytest.hookimpl(wrapper=True)
@@ -216,9 +241,18 @@ def bridge_gateway() -> str:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now, for a server a test starts, taken below the kernel's ephemeral range: a port the
+    kernel handed out (bind to port 0) may be given again meanwhile as the local port of any outgoing
+    connection (another xdist worker's HTTP or PostgreSQL client), and the server then fails to bind."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    while True:
+        port = random.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 def wait_healthy(url: str, process: subprocess.Popen, timeout_s: float = 30) -> None:

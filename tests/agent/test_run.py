@@ -96,7 +96,7 @@ def test_fizzbuzz_run_journal_checkpoints_and_reports(tmp_path, cleanup_journals
     assert report("export", str(journal)).stdout == markdown
 
 
-@pytest.mark.parametrize("backend", ["container", "microvm"])
+@pytest.mark.parametrize("backend", [pytest.param("container", marks=pytest.mark.rootless), "microvm"])
 def test_resume_from_turn_1_restores_sandbox_and_messages(tmp_path, cleanup_journals, backend):
     journal, branch = tmp_path / "three.jsonl", tmp_path / "branch.jsonl"
     cleanup_journals += [journal, branch]

@@ -41,6 +41,7 @@ def comparable(summary) -> dict:
             "totals": summary.totals.model_dump(exclude={"review_tokens"}), "config_hash": summary.config_hash}
 
 
+@pytest.mark.rootless
 def test_evaluation_through_the_run_store_gives_the_in_process_summary(dataset, outputs, tmp_path):
     config = tmp_path / "cfg"
     assert services(config, "init", "--port", str(free_port()), "--slots", "2").returncode == 0

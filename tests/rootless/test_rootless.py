@@ -1,7 +1,9 @@
-"""Sprout as a user without root (issue 29): run by .ci/rootless as a throwaway user that ops/setup_podman.sh
-set up with sudo, inside that user's podman namespace (the conftest enters it, as the `sprout` command does).
+"""Sprout as a user without root (issue 29): what only a rootless run shows. .ci/rootless runs these, with
+the other tests marked `rootless` (an agent run and its resume, the gate and an evaluation over a Run Store,
+hostile sandboxes), as a throwaway user that ops/setup_podman.sh set up with sudo, inside that user's podman
+namespace (the conftest enters it, as the `sprout` command does). As root, these are deselected.
 
-    .venv/bin/python -m pytest -m rootless      # as that user; as root these tests refuse to run
+    .venv/bin/python -m pytest -m rootless      # as that user
 """
 
 import json

@@ -130,6 +130,7 @@ def wait_done(client: RunStoreClient, job_id: int, timeout_s: float = 120):
     return client.get(job_id)
 
 
+@pytest.mark.rootless
 def test_gate_through_the_run_store_gives_the_in_process_summary(tmp_path):
     config, port = tmp_path / "cfg", free_port()
     tasks = REPO / "tests" / "fixtures" / "tasks"

@@ -197,7 +197,7 @@ def _delete_as_root(path: Path) -> None:
 def _delete_as_owner(path: Path) -> None:
     """Rootless: the store is mounted user_subvol_rm_allowed, and its owner deletes a subvolume once it is
     writable and holds no other, and none inside a read-only one."""
-    nested = _nested_paths(path)
+    nested = nested_subvolume_paths(path)
     for subvolume in [path, *nested[::-1]]:  # parents first
         if is_readonly(subvolume):
             set_readonly(subvolume, False)
@@ -230,8 +230,8 @@ def _child_paths(fd: int) -> list[bytes]:
     return paths
 
 
-def _nested_paths(path: Path) -> list[Path]:
-    """The subvolumes below `path`, deepest first."""
+def nested_subvolume_paths(path: Path) -> list[Path]:
+    """The subvolumes below `path`, deepest first, as the kernel names them (no privilege needed)."""
     found, pending = [], [path]
     while pending:
         top = pending.pop()

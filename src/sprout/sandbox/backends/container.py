@@ -37,7 +37,7 @@ class ContainerBackend:
         btrfs.snapshot(image.path, dest, readonly=False)
 
     def start(self, store: "Store", sandbox: "Sandbox", *, restart: bool = False) -> None:
-        _check_startable(sandbox.path)
+        _check_regular_users(sandbox.path, "start a container on")
         if restart:
             podman.remove_container(sandbox.container)  # podman's record may be stale after a reboot
         config = sandbox.image.config
@@ -91,6 +91,7 @@ class ContainerBackend:
                 identity = users.resolve(sandbox.path, user) if user is not None else None
                 return execution.run_via_runtime(runtime_bin, sandbox.profile_path, profile, argv, cwd, env,
                                                  identity, timeout, max_output)
+            _check_regular_users(sandbox.path, "run a command through `podman exec` in")
             return execution.run_via_podman(sandbox.container, profile, argv, cwd,
                                             str(user) if user is not None else sandbox.image.config.user, env,
                                             timeout, max_output)
@@ -158,11 +159,12 @@ def _killed_on(cancel: threading.Event | None, profile: dict) -> Iterator[None]:
         yield
 
 
-def _check_startable(root: Path) -> None:
-    """runc reads the rootfs's /etc/passwd and /etc/group when a container starts: a FIFO there blocks the
-    start forever and a device is read without end, so such a rootfs is refused with the reason."""
+def _check_regular_users(root: Path, doing: str) -> None:
+    """runc reads the rootfs's /etc/passwd and /etc/group when a container starts or `podman exec` enters it:
+    a FIFO there blocks it forever and a device is read without end, so that is refused with the reason
+    (the compiled runtime resolves users itself, reading only regular files)."""
     for path in ("/etc/passwd", "/etc/group"):
         try:
             rootfs.check_regular(root, path)
         except rootfs.UnsafeFile as e:
-            raise SandboxStateError(f"cannot start a container on {root.name}: {e}") from None
+            raise SandboxStateError(f"cannot {doing} {root.name}: {e}") from None
