@@ -36,14 +36,14 @@ def runc_state(container_id: str) -> dict | None:
     return None
 
 
-def _stat_fields(pid: int) -> list[bytes]:
+def stat_fields(pid: int) -> list[bytes]:
     """/proc/PID/stat's fields from the third on (after the command name, which may hold spaces)."""
     stat = Path(f"/proc/{pid}/stat").read_bytes()
     return stat[stat.rindex(b")") + 2:].split()
 
 
 def proc_starttime(pid: int) -> int:
-    return int(_stat_fields(pid)[19])
+    return int(stat_fields(pid)[19])
 
 
 def wait_for_exec(pid: int, timeout_s: float = EXEC_TIMEOUT_S) -> None:
@@ -53,7 +53,7 @@ def wait_for_exec(pid: int, timeout_s: float = EXEC_TIMEOUT_S) -> None:
     51 of /proc/PID/stat, is 0 until the new program's stack is set up), and a profile read then would
     give commands runc's environment, or none."""
     deadline, pause = time.monotonic() + timeout_s, 0.0005
-    while Path(f"/proc/{pid}/comm").read_text().startswith("runc:[") or int(_stat_fields(pid)[48]) == 0:
+    while Path(f"/proc/{pid}/comm").read_text().startswith("runc:[") or int(stat_fields(pid)[48]) == 0:
         if time.monotonic() > deadline:
             raise SandboxStateError(f"the sandbox init {pid} did not start its program in {timeout_s:g}s")
         time.sleep(pause)

@@ -9,7 +9,7 @@ import os
 import signal
 import time
 
-from .confinement import proc_starttime
+from .confinement import proc_starttime, stat_fields
 
 FREEZE_TIMEOUT_S = 5.0
 KILL_ROUNDS = 5
@@ -138,9 +138,7 @@ class _Stopped:
 def _state(pid: int) -> str:
     """The process's state letter (R, S, D, T, Z, ...); X when it is gone."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return chr(stat[stat.rindex(b")") + 2])
+        return stat_fields(pid)[0].decode()
     except (OSError, ValueError, IndexError):
         return "X"
 
