@@ -11,13 +11,21 @@ with `tar` of the rootfs and with `podman commit` of an equivalent image-based (
 branch to first command; command round trip and CPU per command via sprout-runtime vs `podman exec`; disk held by 100
 checkpoints each after a 1 MiB edit, as a fraction of the base size.
 
+With `--modes`: root and rootless side by side, each a fresh python:3.11-slim sandbox: `true` round trip,
+checkpoint (after a 1 MiB write) and branch -> first command, p50, through sprout-runtime and `podman exec`
+as root, and through `podman exec` as the user `--rootless-user` names (its own set-up checkout, by
+default ~USER/sprout, runs the same measurement; run as a user, the bench measures that user's mode alone).
+
 With `--backend microvm`: the container backend and microVMs side by side (create or boot to first
 command, checkpoint disk only and disk + memory, branch to first command from a disk or a memory
 checkpoint, command round trip), against the published figures of Firecracker, Morph and E2B.
 """
 
 import argparse
+import json
+import pwd
 import resource
+import shlex
 import subprocess
 import tempfile
 import time
@@ -26,6 +34,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from sprout import rootless
 from sprout.sandbox import Store, btrfs, processes
 from sprout.sandbox.backends.container import profile_of
 from sprout.sandbox.podman import command as podman_command
@@ -69,6 +78,64 @@ def checkpoint_times(sandbox, n: int) -> tuple[list[float], list[float]]:
         sandbox.exec(f"head -c 1048576 /dev/urandom > /root/edit-{i}")
         dirty.append(sandbox.checkpoint().duration_ms)
     return idle, dirty
+
+
+def mode_figures(store: Store, n: int) -> dict[str, float]:
+    """p50 of a `true` round trip, a checkpoint after a 1 MiB write and branch -> first command (ms)."""
+    sandbox = store.create_sandbox(IMAGE)
+    try:
+        round_trips, _ = exec_costs(sandbox, 3 * n)
+        _, checkpoints = checkpoint_times(sandbox, n)
+        base = sandbox.checkpoint()
+        branches = []
+        for _ in range(max(5, n // 2)):
+            started = time.perf_counter()
+            branch = base.branch()
+            branch.exec("true")
+            branches.append((time.perf_counter() - started) * 1000)
+            branch.destroy()
+    finally:
+        for checkpoint in store.checkpoints(sandbox.id):
+            store.remove_checkpoint(checkpoint.id, force=True)
+        sandbox.destroy()
+    return {"true": p(round_trips, .5), "checkpoint": p(checkpoints, .5), "branch": p(branches, .5)}
+
+
+def rootless_figures(user: str, checkout: str | None, n: int) -> dict[str, float]:
+    """The same figures measured by `user` (rootless) in its own checkout, as JSON on its stdout."""
+    where = checkout or f"{pwd.getpwnam(user).pw_dir}/sprout"
+    command = f"cd {shlex.quote(where)} && .venv/bin/python bench/checkpoint.py --modes --n {n} --figures-json"
+    measured = subprocess.run(["su", "-", user, "-c", command], capture_output=True, text=True)
+    if measured.returncode != 0:
+        raise SystemExit(f"the rootless measurement as {user} failed: {measured.stderr.strip()[-2000:]}")
+    return json.loads(measured.stdout.strip().splitlines()[-1])
+
+
+def modes_table(args: argparse.Namespace, console: Console) -> None:
+    """Root and rootless side by side (or this user's mode alone, run rootless)."""
+    runtime = REPO / "runtime" / "sprout-runtime"
+    if rootless.active():
+        mine = mode_figures(Store(), args.n)
+        if args.figures_json:
+            print(json.dumps(mine))
+            return
+        columns = {"rootless, podman exec": mine}
+    else:
+        console.print("root: sprout-runtime, then podman exec ...")
+        columns = {"root, sprout-runtime": mode_figures(Store(runtime_bin=runtime), args.n),
+                   "root, podman exec": mode_figures(Store(runtime_bin=None), args.n)}
+        if args.rootless_user:
+            console.print(f"rootless, as {args.rootless_user} ...")
+            columns[f"rootless ({args.rootless_user}), podman exec"] = rootless_figures(
+                args.rootless_user, args.rootless_checkout, args.n)
+    table = Table("measurement (p50)", *columns, title="Root and rootless side by side (one run)")
+    for key, label in (("true", "`true` round trip"), ("checkpoint", "checkpoint after a 1 MiB write"),
+                       ("branch", "branch -> first command")):
+        table.add_row(label, *(f"{figures[key]:.1f} ms" for figures in columns.values()))
+    console.print(table)
+    console.print(f"over {3 * args.n} commands, {args.n} checkpoints and {max(5, args.n // 2)} branches each; "
+                  "rootless, commands go through podman exec (the container's seccomp filter cannot be read "
+                  "there, so sprout-runtime is not used)")
 
 
 WRITER = "while :; do head -c 65536 /dev/zero >> /root/busy; [ $(stat -c %s /root/busy) -gt 67108864 ] && : > /root/busy; done"
@@ -249,8 +316,17 @@ def main() -> None:
                         help="checkpoints after each big write (256 MB, 1 GB) and mode")
     parser.add_argument("--backend", choices=["container", "microvm"], default="container",
                         help="microvm: containers and microVMs side by side")
+    parser.add_argument("--modes", action="store_true", help="only root and rootless side by side")
+    parser.add_argument("--rootless-user", metavar="USER",
+                        help="with --modes, as root: also measure as USER, a user set up without root")
+    parser.add_argument("--rootless-checkout", metavar="PATH",
+                        help="USER's set-up checkout of Sprout (default: ~USER/sprout)")
+    parser.add_argument("--figures-json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    console = Console()
+    console = Console(stderr=args.figures_json)
+    if args.modes:
+        rootless.enter()
+        return modes_table(args, console)
     if args.backend == "microvm":
         from sprout.sandbox.backends.microvm import accelerator
         accel, why = accelerator()

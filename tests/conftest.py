@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
@@ -218,8 +219,15 @@ def store(request, base_store: Store):
 
 
 @pytest.fixture
-def other_store(tmp_path):
-    """A second btrfs filesystem (its own loop file), as another host's store would be."""
+def other_store(tmp_path, base_store: Store):
+    """A second btrfs filesystem (its own loop file), as another host's store would be; rootless, where
+    nothing can be mounted, a second store inside the user's own (on its filesystem)."""
+    if rootless.active():
+        root = base_store.root / f"test-other-{uuid.uuid4().hex[:8]}"
+        store = Store(root, runtime_bin=RUNTIME_BIN)
+        yield store
+        drop_store(root)
+        return
     image, mount = tmp_path / "other.img", tmp_path / "other"
     subprocess.run(["truncate", "-s", "3G", str(image)], check=True)
     subprocess.run(["mkfs.btrfs", "-q", str(image)], check=True, capture_output=True)

@@ -178,6 +178,7 @@ def sandbox_ids() -> set[str]:
 WRITE_TESTS = "mkdir -p /tests && echo 'def test_ok(): pass' > /tests/test_calc.py"  # where Harbor puts the tests
 
 
+@pytest.mark.rootless
 def test_a_group_of_four_returns_four_graded_trajectories(driver, tasks):
     script = first(FIX, 2) + first(WRITE_TESTS, 2) + then(SUBMIT, 4)
     before = sandbox_ids()

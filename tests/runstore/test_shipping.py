@@ -1,7 +1,7 @@
 """Host affinity across two stores: a branch whose checkpoint is on a busy host is claimed by another
 host's worker, which ships the checkpoint over the first worker's checkpoint server (btrfs send |
-btrfs receive, incremental the second time), then runs the branch there; once that host is gone, a branch
-from a checkpoint only it held fails at once, saying so."""
+btrfs receive as root, tar streams rootless; incremental the second time), then runs the branch there;
+once that host is gone, a branch from a checkpoint only it held fails at once, saying so."""
 
 import os
 import subprocess
@@ -50,6 +50,7 @@ def wait_for(client: RunStoreClient, job_id: int, timeout_s: float = 120):
     return job
 
 
+@pytest.mark.rootless
 def test_busy_host_checkpoint_is_shipped_to_the_claiming_host(base_store, other_store, tmp_path, monkeypatch):
     monkeypatch.setenv(KEY_ENV, "sk-test")
     here = Store(base_store.root, runtime_bin=RUNTIME_BIN)

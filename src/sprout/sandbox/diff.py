@@ -176,7 +176,7 @@ def _candidates(subvolumes: Sequence[Path], trees: Sequence[Tree],
         except OSError as e:  # not allowed to send (rootless), or not two subvolumes of one filesystem
             if e.errno not in (errno.EPERM, errno.EACCES, errno.ENOTTY, errno.EINVAL, errno.EXDEV):
                 raise
-    return "walk", dict.fromkeys(_walk_differences(*trees), True)
+    return "walk", dict.fromkeys(walk_differences(*trees), True)
 
 
 class HostTree:
@@ -314,7 +314,7 @@ def _whole(tree: Tree, rel: bytes, change: Literal["added", "removed"], *,
             stack.extend(current + b"/" + name for name in tree.listdir(current))
 
 
-def _walk_differences(base: Tree, target: Tree) -> Iterator[bytes]:
+def walk_differences(base: Tree, target: Tree) -> Iterator[bytes]:
     """Every path whose entry differs between the trees (a name on one side only, or another inode,
     type, mode, owner, size, mtime or ctime), descending into directories both trees hold."""
     pending = [b""]

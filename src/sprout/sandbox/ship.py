@@ -1,27 +1,28 @@
-"""Shipping checkpoints between stores with `btrfs send | btrfs receive`, incrementally when possible.
+"""Shipping checkpoints between stores, incrementally when possible.
 
-A checkpoint is sent with `-p` against its newest ancestor (parent chain, then its image) that the
-receiving store already holds, so usually only the turn's changed blocks travel (~13 ms for a 1 MiB
-delta, against seconds for a full rootfs). The image a checkpoint needs is shipped first when the
-receiver lacks it. `receive(dst, source, id)` pulls from any `ShipSource`: `StoreSource` is another
+A checkpoint is sent against its newest ancestor (parent chain, then its image) that the receiving store
+already holds, so usually only the turn's changes travel (~13 ms for a 1 MiB delta, against seconds for
+a full rootfs). The image a checkpoint needs is shipped first when the receiver lacks it. Streams are
+`btrfs send | btrfs receive` where both ends run as root, and sprout.sandbox.tarstream's where either
+is rootless (it can neither send nor receive an incremental btrfs stream); the receiver picks. `receive(dst, source, id)` pulls from any `ShipSource`: `StoreSource` is another
 store on this machine (`ship` joins the two), sprout.worker.shipping serves a store over HTTP to
 other hosts.
 """
 
-import subprocess
 import time
 from collections.abc import Generator
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Literal, Protocol
 
-from . import btrfs
+from .. import rootless
+from . import btrfs, shell, tarstream
 from .errors import CheckpointNotFound, CommandError, ImageNotFound
 from .store import Store
 
 Kind = Literal["images", "checkpoints"]
+Format = Literal["btrfs", "tar"]
 SendStream = Generator[bytes, None, None]
-"""A `btrfs send` stream in chunks; `close()` stops a sender the receiver did not read to the end."""
+"""A subvolume's stream in chunks; `close()` stops a sender the receiver did not read to the end."""
 CHUNK = 1 << 20
 
 
@@ -55,50 +56,44 @@ class ImageMeta:
 
 
 class ShipSource(Protocol):
-    """Where checkpoints are shipped from: their metadata, and btrfs send streams of subvolumes."""
+    """Where checkpoints are shipped from: their metadata, and streams of subvolumes."""
+
+    def formats(self) -> tuple[Format, ...]:
+        """The stream formats it can send."""
+        ...
 
     def checkpoint(self, checkpoint_id: str) -> CheckpointMeta | None: ...
 
     def image(self, key: str) -> ImageMeta: ...
 
-    def send(self, kind: Kind, name: str, parent: tuple[Kind, str] | None) -> SendStream:
-        """The stream of `kind/name`, made against `parent` when given; raises CommandError."""
+    def send(self, kind: Kind, name: str, parent: tuple[Kind, str] | None, fmt: Format) -> SendStream:
+        """The stream of `kind/name` in `fmt`, made against `parent` when given; raises CommandError."""
         ...
 
 
-def send_command(path: Path, parent: Path | None = None) -> list[str]:
-    return ["btrfs", "send", "-q", *(["-p", str(parent)] if parent else []), str(path)]
+def formats() -> tuple[Format, ...]:
+    """The stream formats this process can send and receive: btrfs's own needs root."""
+    return ("tar",) if rootless.active() else ("btrfs", "tar")
 
 
-def receive_command(directory: Path) -> list[str]:
-    return ["btrfs", "receive", "-q", str(directory)]
-
-
-def send_stream(store: Store, kind: Kind, name: str, parent: tuple[Kind, str] | None) -> SendStream:
-    """`btrfs send` of a subvolume of `store`, in chunks; raises CommandError when it fails."""
-    parent_path = store.root / parent[0] / parent[1] if parent else None
-    sender = subprocess.Popen(send_command(store.root / kind / name, parent_path), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE)
-    assert sender.stdout and sender.stderr
-    try:
-        while chunk := sender.stdout.read(CHUNK):
-            yield chunk
-        error = sender.stderr.read().decode().strip()
-        if sender.wait() != 0:
-            raise CommandError(f"btrfs send of {kind}/{name} failed: {error}")
-    finally:
-        if sender.poll() is None:
-            sender.kill()
-            sender.wait()
-        sender.stdout.close()
-        sender.stderr.close()
+def send_stream(store: Store, kind: Kind, name: str, parent: tuple[Kind, str] | None, fmt: Format) -> SendStream:
+    """A subvolume of `store` in `fmt`, in chunks; raises CommandError when it cannot be sent."""
+    path, parent_path = store.root / kind / name, store.root / parent[0] / parent[1] if parent else None
+    if fmt == "tar":
+        return tarstream.send(path, parent_path)
+    command = ["btrfs", "send", "-q", *(["-p", str(parent_path)] if parent_path else []), str(path)]
+    return shell.stream_out(command, f"btrfs send of {kind}/{name}", CHUNK)
 
 
 class StoreSource:
-    """Another store on this machine."""
+    """Another store on this machine; `formats` limits what it sends (a rootless host's, in tests)."""
 
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, formats: tuple[Format, ...] | None = None):
         self.store = store
+        self._formats = formats
+
+    def formats(self) -> tuple[Format, ...]:
+        return self._formats or formats()
 
     def checkpoint(self, checkpoint_id: str) -> CheckpointMeta | None:
         try:
@@ -112,36 +107,32 @@ class StoreSource:
         image = self.store.image(key)
         return ImageMeta(image.key, image.image_id, image.names, asdict(image.config))
 
-    def send(self, kind: Kind, name: str, parent: tuple[Kind, str] | None) -> SendStream:
-        return send_stream(self.store, kind, name, parent)
+    def send(self, kind: Kind, name: str, parent: tuple[Kind, str] | None, fmt: Format) -> SendStream:
+        if fmt not in self.formats():
+            raise CommandError(f"this store cannot send {fmt} streams")
+        return send_stream(self.store, kind, name, parent, fmt)
 
 
-def _receive_into(directory: Path, chunks: SendStream) -> int:
-    """Feeds a send stream to `btrfs receive`, returning its size; raises CommandError from either side."""
-    receiver = subprocess.Popen(receive_command(directory), stdin=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert receiver.stdin and receiver.stderr
-    size = 0
+def _receive_subvolume(dst: Store, source: ShipSource, kind: Kind, name: str,
+                       parent: tuple[Kind, str] | None) -> int:
+    """Makes `kind/name` in `dst` from `source`'s stream against `parent`, returning the stream's size;
+    raises CommandError from either side, leaving nothing half-received."""
+    fmt: Format = "btrfs" if "btrfs" in source.formats() and "btrfs" in formats() else "tar"
+    if fmt not in source.formats():
+        raise CommandError(f"the source sends only {', '.join(source.formats())} streams, which this "
+                           "rootless store cannot receive")
+    btrfs.delete(dst.root / kind / name)  # what a failed or killed receive left
+    chunks = source.send(kind, name, parent, fmt)
     try:
-        for chunk in chunks:
-            size += len(chunk)
-            receiver.stdin.write(chunk)
-    except BrokenPipeError:
-        pass  # receive gave up; its error follows
+        if fmt == "tar":
+            return tarstream.receive(dst.root / kind / name, dst.root / parent[0] / parent[1] if parent else None,
+                                     chunks)
+        return shell.stream_in(["btrfs", "receive", "-q", str(dst.root / kind)], chunks, "btrfs receive")
     except BaseException:
-        receiver.kill()
-        receiver.wait()
+        btrfs.delete(dst.root / kind / name)
         raise
     finally:
         chunks.close()  # stops a sender we did not read to the end
-        try:
-            receiver.stdin.close()
-        except BrokenPipeError:
-            pass
-    error = receiver.stderr.read().decode().strip()
-    receiver.stderr.close()
-    if receiver.wait() != 0:
-        raise CommandError(f"btrfs receive failed: {error}")
-    return size
 
 
 def _ancestors(source: ShipSource, checkpoint: CheckpointMeta) -> list[CheckpointMeta]:
@@ -177,7 +168,7 @@ def _receive(dst: Store, source: ShipSource, checkpoint_id: str, started: float)
         except ImageNotFound:
             raise ImageNotFound(f"checkpoint {checkpoint_id} needs image {checkpoint.image_key}, which the "
                                 "source store no longer has") from None
-        _receive_into(dst.root / "images", source.send("images", image.key, None))
+        _receive_subvolume(dst, source, "images", image.key, None)
         dst.meta.put_image(image.key, image.image_id, image.names, image.config)
         shipped.append(image.key)
     candidates: list[tuple[Kind, str] | None] = [
@@ -185,9 +176,8 @@ def _receive(dst: Store, source: ShipSource, checkpoint_id: str, started: float)
     candidates += [("images", checkpoint.image_key), None]
     sent, parent = 0, None
     for candidate in candidates:
-        btrfs.delete(dst.root / "checkpoints" / checkpoint.id)  # a half-received one from a failed try
         try:
-            sent = _receive_into(dst.root / "checkpoints", source.send("checkpoints", checkpoint.id, candidate))
+            sent = _receive_subvolume(dst, source, "checkpoints", checkpoint.id, candidate)
             parent = candidate[1] if candidate else None
             break
         except CommandError:  # e.g. the receiver's copy of the parent was not received from this source

@@ -1,11 +1,13 @@
 """Shipping checkpoints between worker hosts: each worker serves its store over HTTP, and a worker
-that claims a job whose checkpoint is on another host pulls it with `btrfs send | btrfs receive`.
+that claims a job whose checkpoint is on another host pulls it (sprout.sandbox.ship).
 
+    GET /v1/formats                      the stream formats this host sends ({"formats": ["btrfs", "tar"]};
+                                         a rootless host sends tar only)
     GET /v1/checkpoints/{id}             the checkpoint's metadata (404: not here)
     GET /v1/images/{key}                 an image's metadata
-    GET /v1/send/{kind}/{name}[?parent_kind=K&parent=P]
-                                         the btrfs send stream of images/NAME or checkpoints/NAME,
-                                         made against P when given (incremental)
+    GET /v1/send/{kind}/{name}[?format=F&parent_kind=K&parent=P]
+                                         the stream of images/NAME or checkpoints/NAME in format F
+                                         (default btrfs), made against P when given (incremental)
 
 Requests carry the workers' token (Bearer); workers that ship to each other share it. A worker
 registers its server's URL with the Run Store (`hosts`), where the claimer looks it up by the
@@ -33,7 +35,17 @@ from ..runstore.errors import HostNotFound
 from ..runstore.models import Claim
 from ..sandbox import Store
 from ..sandbox.errors import CommandError, ImageNotFound, SproutError
-from ..sandbox.ship import CHUNK, CheckpointMeta, ImageMeta, Kind, SendStream, StoreSource, holds, receive
+from ..sandbox.ship import (
+    CHUNK,
+    CheckpointMeta,
+    Format,
+    ImageMeta,
+    Kind,
+    SendStream,
+    StoreSource,
+    holds,
+    receive,
+)
 
 log = logging.getLogger("sprout.shipping")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")  # ids and image keys; never a path
@@ -68,6 +80,8 @@ class ShipServer:
                 parts = url.path.strip("/").split("/")
                 try:
                     match parts:
+                        case ["v1", "formats"]:
+                            return self._json(200, {"formats": list(source.formats())})
                         case ["v1", "checkpoints", name] if NAME.match(name):
                             meta = source.checkpoint(name)
                             if meta is None:
@@ -85,11 +99,16 @@ class ShipServer:
 
             def _send(self, kind: Kind, name: str, query: dict[str, list[str]]) -> None:
                 parent_kind, parent = query.get("parent_kind", [""])[0], query.get("parent", [""])[0]
+                fmt = query.get("format", ["btrfs"])[0]
                 if parent and (parent_kind not in KINDS or not NAME.match(parent)):
                     return self._json(400, {"detail": "parent_kind must be images or checkpoints, with a parent name"})
+                if fmt not in source.formats():
+                    return self._json(400, {"detail": f"this host sends {', '.join(source.formats())} streams, "
+                                                      f"not {fmt}"})
                 if not (store.root / kind / name).is_dir():
                     return self._json(404, {"detail": f"{kind}/{name} is not on this host"})
-                stream = source.send(kind, name, (cast(Kind, parent_kind), parent) if parent else None)
+                stream = source.send(kind, name, (cast(Kind, parent_kind), parent) if parent else None,
+                                     cast(Format, fmt))
                 try:
                     first = next(stream, b"")
                 except CommandError as e:  # e.g. no such parent here: the receiver tries another
@@ -142,6 +161,7 @@ class HttpSource:
         self.url = url.rstrip("/")
         self._http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"},
                                   timeout=httpx.Timeout(timeout_s, read=None))
+        self._formats: tuple[Format, ...] | None = None
 
     def _get(self, path: str) -> httpx.Response:
         try:
@@ -153,6 +173,12 @@ class HttpSource:
         if response.status_code == 401:
             raise SproutError(f"{self.url} refused this worker's token (workers that ship must share one)")
         return response
+
+    def formats(self) -> tuple[Format, ...]:
+        if self._formats is None:
+            sent = self._get("/v1/formats").raise_for_status().json()["formats"]
+            self._formats = tuple(cast(Format, f) for f in sent if f in ("btrfs", "tar"))
+        return self._formats
 
     def checkpoint(self, checkpoint_id: str) -> CheckpointMeta | None:
         response = self._get(f"/v1/checkpoints/{checkpoint_id}")
@@ -168,8 +194,8 @@ class HttpSource:
         response.raise_for_status()
         return ImageMeta(**response.json())
 
-    def send(self, kind: Kind, name: str, parent: tuple[Kind, str] | None) -> SendStream:
-        params = {"parent_kind": parent[0], "parent": parent[1]} if parent else None
+    def send(self, kind: Kind, name: str, parent: tuple[Kind, str] | None, fmt: Format) -> SendStream:
+        params = {"format": fmt, **({"parent_kind": parent[0], "parent": parent[1]} if parent else {})}
         try:
             with self._http.stream("GET", f"/v1/send/{kind}/{name}", params=params) as response:
                 if response.status_code != 200:
