@@ -12,9 +12,9 @@ branch to first command; command round trip and CPU per command via sprout-runti
 checkpoints each after a 1 MiB edit, as a fraction of the base size.
 
 With `--modes`: root and rootless side by side, each a fresh python:3.11-slim sandbox: `true` round trip,
-checkpoint (after a 1 MiB write) and branch -> first command, p50, through sprout-runtime and `podman exec`
-as root, and through `podman exec` as the user `--rootless-user` names (its own set-up checkout, by
-default ~USER/sprout, runs the same measurement; run as a user, the bench measures that user's mode alone).
+checkpoint (after a 1 MiB write) and branch -> first command, p50, through sprout-runtime and `podman exec`,
+as root and as the user `--rootless-user` names (its own set-up checkout, by default ~USER/sprout, runs the
+same measurement; run as a user, the bench measures that user's two modes).
 
 With `--backend microvm`: the container backend and microVMs side by side (create or boot to first
 command, checkpoint disk only and disk + memory, branch to first command from a disk or a memory
@@ -101,41 +101,36 @@ def mode_figures(store: Store, n: int) -> dict[str, float]:
     return {"true": p(round_trips, .5), "checkpoint": p(checkpoints, .5), "branch": p(branches, .5)}
 
 
-def rootless_figures(user: str, checkout: str | None, n: int) -> dict[str, float]:
+def rootless_columns(user: str, checkout: str | None, n: int) -> dict[str, dict[str, float]]:
     """The same figures measured by `user` (rootless) in its own checkout, as JSON on its stdout."""
     where = checkout or f"{pwd.getpwnam(user).pw_dir}/sprout"
     command = f"cd {shlex.quote(where)} && .venv/bin/python bench/checkpoint.py --modes --n {n} --figures-json"
     measured = subprocess.run(["su", "-", user, "-c", command], capture_output=True, text=True)
     if measured.returncode != 0:
         raise SystemExit(f"the rootless measurement as {user} failed: {measured.stderr.strip()[-2000:]}")
-    return json.loads(measured.stdout.strip().splitlines()[-1])
+    return {f"{mode} ({user})": figures for mode, figures in json.loads(measured.stdout.strip().splitlines()[-1]).items()}
 
 
 def modes_table(args: argparse.Namespace, console: Console) -> None:
-    """Root and rootless side by side (or this user's mode alone, run rootless)."""
-    runtime = REPO / "runtime" / "sprout-runtime"
-    if rootless.active():
-        mine = mode_figures(Store(), args.n)
-        if args.figures_json:
-            print(json.dumps(mine))
-            return
-        columns = {"rootless, podman exec": mine}
-    else:
-        console.print("root: sprout-runtime, then podman exec ...")
-        columns = {"root, sprout-runtime": mode_figures(Store(runtime_bin=runtime), args.n),
-                   "root, podman exec": mode_figures(Store(runtime_bin=None), args.n)}
-        if args.rootless_user:
-            console.print(f"rootless, as {args.rootless_user} ...")
-            columns[f"rootless ({args.rootless_user}), podman exec"] = rootless_figures(
-                args.rootless_user, args.rootless_checkout, args.n)
+    """Root and rootless side by side, each through sprout-runtime and `podman exec` (run as a user: that
+    user's two modes)."""
+    mode = "rootless" if rootless.active() else "root"
+    console.print(f"{mode}: sprout-runtime, then podman exec ...")
+    columns = {f"{mode}, sprout-runtime": mode_figures(Store(runtime_bin=REPO / "runtime" / "sprout-runtime"), args.n),
+               f"{mode}, podman exec": mode_figures(Store(runtime_bin=None), args.n)}
+    if args.figures_json:
+        print(json.dumps(columns))
+        return
+    if args.rootless_user and mode == "root":
+        console.print(f"rootless, as {args.rootless_user} ...")
+        columns |= rootless_columns(args.rootless_user, args.rootless_checkout, args.n)
     table = Table("measurement (p50)", *columns, title="Root and rootless side by side (one run)")
     for key, label in (("true", "`true` round trip"), ("checkpoint", "checkpoint after a 1 MiB write"),
                        ("branch", "branch -> first command")):
         table.add_row(label, *(f"{figures[key]:.1f} ms" for figures in columns.values()))
     console.print(table)
     console.print(f"over {3 * args.n} commands, {args.n} checkpoints and {max(5, args.n // 2)} branches each; "
-                  "rootless, commands go through podman exec (the container's seccomp filter cannot be read "
-                  "there, so sprout-runtime is not used)")
+                  "rootless, sprout-runtime loads the seccomp filter compiled from runc's state")
 
 
 WRITER = "while :; do head -c 65536 /dev/zero >> /root/busy; [ $(stat -c %s /root/busy) -gt 67108864 ] && : > /root/busy; done"

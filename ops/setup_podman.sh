@@ -64,7 +64,6 @@ MICROVM_PACKAGES=(qemu-system-x86 busybox-static e2fsprogs cpio)
 [[ "$STORE_MIN_FREE_GB" =~ ^[0-9]+$ ]] || die "SPROUT_STORE_MIN_FREE_GB=$STORE_MIN_FREE_GB: give whole GiB, e.g. 10"
 if [ "$ROOTLESS" = 1 ]; then
   command -v sudo >/dev/null 2>&1 || die "run as root, or as a user with sudo (for the packages, the store and subuids)"
-  [ "$MICROVM" = 0 ] || die "--microvm: the microVM backend is set up as root only (rootless: containers)"
 fi
 
 # ---------------------------------------------------------------- apt packages
@@ -203,6 +202,21 @@ if [ "$ROOTLESS" = 1 ]; then
   if [ "$(stat -c %u "$STORE")" != "$(id -u)" ]; then
     as_root chown "$(id -u):$(id -g)" "$STORE" || die "cannot give $STORE to $(id -un)"
     say done "btrfs store: $STORE owned by $(id -un)$SUDO_SAID"
+  fi
+  # Other users on the host must not read the agents' files: neither through the store nor its loop file.
+  private=()
+  for path in "$STORE" "$STORE_IMG"; do
+    [ -e "$path" ] || continue
+    mode=700; [ -f "$path" ] && mode=600
+    if [ "$(stat -c %a "$path")" != "$mode" ]; then
+      chmod "$mode" "$path" || die "cannot make $path private ($mode)"
+      private+=("$path")
+    fi
+  done
+  if [ ${#private[@]} -eq 0 ]; then
+    say ok "btrfs store: private to $(id -un)"
+  else
+    say done "btrfs store: ${private[*]} private to $(id -un) (other users cannot read its sandboxes)"
   fi
   if [ -f "$STORE_IMG" ]; then
     if awk -v store="$STORE" '$2 == store {found = 1} END {exit !found}' /etc/fstab; then

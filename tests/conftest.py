@@ -49,15 +49,19 @@ LONGEST_FIRST = (
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The longest files first (LONGEST_FIRST); tests/rootless/ is what only a user without root runs
-    (.ci/rootless): as root it is deselected."""
+    (.ci/rootless): as root it is deselected, and so are the `second_user` tests where no first user is
+    named (SPROUT_CI_FIRST_USER)."""
     rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.partition("::")[0], len(rank)))  # stable: files stay whole
-    if rootless.entered():
-        return
-    rootless_only = [item for item in items if item.nodeid.startswith("tests/rootless/")]
-    if rootless_only:
-        config.hook.pytest_deselected(items=rootless_only)
-        items[:] = [item for item in items if not item.nodeid.startswith("tests/rootless/")]
+
+    def elsewhere(item: pytest.Item) -> bool:
+        if not rootless.entered():
+            return item.nodeid.startswith("tests/rootless/")
+        return item.get_closest_marker("second_user") is not None and "SPROUT_CI_FIRST_USER" not in os.environ
+
+    if deselected := [item for item in items if elsewhere(item)]:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if not elsewhere(item)]
 
 
 @pytest.hookimpl(wrapper=True)

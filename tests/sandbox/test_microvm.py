@@ -85,6 +85,7 @@ def with_server(vms: Store):
     return sandbox, sandbox.checkpoint(label="turn-3", memory=True)
 
 
+@pytest.mark.rootless
 def test_a_microvm_sandbox_runs_commands_as_a_container_does(machine):
     assert machine.backend == "microvm" and machine.running and machine.state == "running"
     result = machine.exec("pwd; echo $GREETING; id -un; exit 3", cwd="/tmp", env={"GREETING": "hello vm"},
@@ -154,6 +155,7 @@ def test_output_keeps_its_head_and_tail_past_the_cap(machine):
     assert "bytes of output omitted" in result.output and len(result.output) < 4200
 
 
+@pytest.mark.rootless
 def test_a_disk_checkpoint_is_a_store_checkpoint_its_branch_boots(vms, machine):
     assert machine.exec("echo at-checkpoint > /root/state").exit_code == 0
     checkpoint = machine.checkpoint(label="disk-only")
@@ -183,6 +185,7 @@ def test_a_server_from_turn_2_answers_in_a_branch_of_turn_3(with_server):
     branch.destroy()
 
 
+@pytest.mark.rootless
 def test_a_memory_checkpoint_resumes_only_in_a_vm_of_its_size(vms, with_server):
     _, checkpoint = with_server
     before = {s.id for s in vms.sandboxes()}
@@ -208,6 +211,7 @@ def head_digest(disk) -> str:
         return hashlib.sha256(handle.read(16 << 20)).hexdigest()
 
 
+@pytest.mark.rootless
 def test_root_in_a_guest_cannot_reach_the_store_or_its_checkpoint(vms, with_server):
     _, checkpoint = with_server
     before = head_digest(checkpoint.path / DISK_FILE)

@@ -5,12 +5,13 @@ The confinement itself is compared with `podman exec` in test_sandbox and attack
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import time
 
 import pytest
 
-from sprout.sandbox import Store, confinement, processes
+from sprout.sandbox import Store, confinement, processes, seccomp
 from sprout.worker import doctor
 from tests.conftest import DEBIAN_IMAGE, RUNTIME_BIN, removing_what_is_made
 
@@ -41,6 +42,22 @@ def test_the_profile_round_trips_every_value_it_holds(sandbox):
     assert again.read_bytes() == sandbox.profile_path.read_bytes()
     assert profile["env"]["ODD"] == "back\\slash\nnew line" and profile["seccomp"] and profile["cgroup_procs"]
     again.unlink()
+
+
+def test_the_filter_compiled_from_runcs_state_is_the_one_runc_loaded_after_its_enosys_stub(sandbox):
+    """What a rootless runtime loads (sprout.sandbox.seccomp, compiled from runc's state) against what
+    runc loaded, read off the container's init as root: the same program, byte for byte, behind runc's
+    stub, whose every verdict is ENOSYS, the filter's default. A default of EPERM is not reproduced."""
+    state = confinement.runc_state(confinement.read(sandbox.profile_path)["container_id"])
+    assert state is not None
+    (loaded,) = confinement.dump_seccomp(state["init_process_pid"])
+    config = state["config"]["seccomp"]
+    compiled = seccomp.reproduce(config)
+    assert compiled is not None and len(compiled) > 8000 and loaded.endswith(compiled)
+    stub = loaded[:len(loaded) - len(compiled)]
+    verdicts = {k for code, _, _, k in struct.iter_unpack("<HBBI", stub) if code == 0x06}  # BPF_RET|BPF_K
+    assert verdicts == {0x00050000 | 38}  # SECCOMP_RET_ERRNO | ENOSYS
+    assert seccomp.reproduce({**config, "default_errno_ret": 1}) is None
 
 
 @pytest.mark.parametrize("user, uid, cap_eff", [("1000:1000:1000,27", "1000", "0000000000000000"),

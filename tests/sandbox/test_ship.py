@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from sprout import rootless
-from sprout.sandbox import Store, btrfs
+from sprout.sandbox import Store, btrfs, tarstream
+from sprout.sandbox.errors import CommandError
 from sprout.sandbox.ship import StoreSource, receive
 from tests.conftest import DEBIAN_IMAGE, RUNTIME_BIN
 
@@ -93,3 +94,16 @@ def test_a_tar_delta_makes_the_same_tree_and_follows_no_link_the_agent_left(base
         sandbox.destroy()
         for checkpoint in src.checkpoints(sandbox.id):
             checkpoint.delete(force=True)
+
+
+@pytest.mark.rootless
+@pytest.mark.parametrize("stream, refusal", [
+    (tarstream.MAGIC + b'{"remove": ["../images"]}\n', "only paths below the subvolume"),
+    (tarstream.MAGIC + b'{"remove": ["a/./b"]}\n', "only paths below the subvolume"),
+    (tarstream.MAGIC + b'{"gone": []}\n', "malformed remove list"),
+    (b"btrfs-stream\0\x01\0\0\0", "not a sprout tar stream")])
+def test_a_tar_stream_that_would_remove_outside_its_subvolume_is_refused(other_store, stream, refusal):
+    target = other_store.root / "checkpoints" / "cp-crafted"
+    with pytest.raises(CommandError, match=refusal):
+        tarstream.receive(target, None, iter([stream]))
+    assert not target.exists() and (other_store.root / "images").is_dir()

@@ -114,7 +114,7 @@ def test_up_refuses_an_unconfigured_proxy_or_a_missing_provider_key(tmp_path):
     assert up.returncode == 1 and "UPSTREAM_KEY (the provider's key for litellm-proxy) is not set" in up.stderr
 
 
-def test_a_proxy_that_cannot_start_says_why(tmp_path):
+def test_a_proxy_whose_port_is_taken_is_refused_before_it_starts(tmp_path):
     config = tmp_path / "cfg"
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -122,9 +122,9 @@ def test_a_proxy_that_cannot_start_says_why(tmp_path):
         port = taken.getsockname()[1]
         assert services(config, "init", *proxy_flags("http://127.0.0.1:9/v1", port)).returncode == 0
         up = services(config, "up", "litellm-proxy", env={"UPSTREAM_KEY": "x"})
-    assert up.returncode == 1 and "Traceback" not in up.stderr.splitlines()[0]
-    assert "litellm-proxy exited while starting" in up.stderr and "address already in use" in up.stderr, up.stderr
-    assert "not running" in services(config, "status").stdout  # the supervisor was stopped too
+    assert up.returncode == 1 and "Traceback" not in up.stderr, up.stderr
+    assert f"litellm-proxy cannot listen on 127.0.0.1:{port}" in up.stderr and "--proxy-port N" in up.stderr
+    assert "not running" in services(config, "status").stdout  # no supervisor was started
 
 
 def test_worker_run_through_the_proxy_then_a_wrong_upstream_key_then_down(tmp_path, monkeypatch):

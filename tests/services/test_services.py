@@ -5,7 +5,9 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -121,6 +123,45 @@ def test_up_status_env_rollout_job_down(tmp_path):
     for path in (journal, plain):
         for turn in read_journal(path).turns if path.exists() else []:
             store.remove_checkpoint(turn.checkpoint, force=True)
+
+
+def test_up_refuses_a_port_another_process_holds(tmp_path):
+    """Another user's Run Store on the configured port answers /health too: `up` must not take it for its
+    own (its worker would then talk to the other user's API), but say whose port it is not and how to move."""
+    config, port = tmp_path / "cfg", free_port()
+    assert services(config, "init", "--port", str(port), "--model-endpoint", "http://127.0.0.1:9/v1").returncode == 0
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    other = ThreadingHTTPServer(("127.0.0.1", port), Health)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        up = services(config, "up", "runstore-api")
+        assert up.returncode != 0 and "Traceback" not in up.stderr
+        assert f"cannot listen on 127.0.0.1:{port}" in up.stdout + up.stderr
+        assert "sprout services init --port N" in up.stdout + up.stderr
+        assert supervisor.read_pid("runstore-api", config) is None
+    finally:
+        services(config, "down")
+        other.shutdown()
+        other.server_close()
+
+
+def test_a_service_that_exits_while_starting_says_why_from_its_log(tmp_path):
+    config, nothing_there = tmp_path / "cfg", free_port()
+    db = f"postgresql+psycopg://sprout:secret-pw@127.0.0.1:{nothing_there}/none"
+    assert services(config, "init", "--port", str(free_port()), "--db", db).returncode == 0
+    up = services(config, "up", "runstore-api")
+    assert up.returncode == 1 and "Traceback" not in up.stderr, up.stderr
+    assert "runstore-api exited while starting; its log" in up.stderr
+    assert "cannot open database" in up.stderr and "Connection refused" in up.stderr and "secret-pw" not in up.stderr
+    assert "not running" in services(config, "status").stdout  # the supervisor was stopped too
 
 
 def wait_done(client: RunStoreClient, job_id: int, timeout_s: float = 120):

@@ -3,7 +3,8 @@
 It is read off the container's init process, which runc started with the same OCI process spec that
 `podman exec` applies (capability sets, no_new_privs, seccomp, user, env, rlimits), plus the
 container's cgroups from runc's state. The seccomp filter is dumped as BPF with ptrace
-(PTRACE_SECCOMP_GET_FILTER), so the runtime loads the container's own filter, byte for byte. The compiled
+(PTRACE_SECCOMP_GET_FILTER), so the runtime loads the container's own filter, byte for byte; rootless,
+where that needs CAP_SYS_ADMIN, it is compiled from runc's state (sprout.sandbox.seccomp). The compiled
 runtime (runtime.c) reads it on every command, so it is written as plain lines (`write`, `read`).
 """
 
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 from .. import rootless
+from . import seccomp
 from .errors import SandboxStateError
 
 RUNC_STATE_DIRS = (Path("/run/runc"), Path("/run/runc-ctrs"))
@@ -104,6 +106,17 @@ def dump_seccomp(pid: int, stop_timeout_s: float = STOP_TIMEOUT_S) -> list[bytes
     return filters[::-1]
 
 
+def _filters(pid: int, status: dict[str, str], state: dict) -> list[bytes] | None:
+    """The seccomp filters a command must load, None when they cannot be had: as root, read off the init;
+    rootless, where that read needs CAP_SYS_ADMIN, compiled from runc's state when that is exact."""
+    if status.get("Seccomp") != "2":
+        return []
+    if not rootless.entered():
+        return dump_seccomp(pid)
+    program = seccomp.reproduce(state["config"].get("seccomp")) if status.get("Seccomp_filters") == "1" else None
+    return [program] if program is not None else None
+
+
 def capture(container_id: str) -> dict:
     """The exec profile of a running container (see sprout/sandbox/runtime.c for how it is applied)."""
     state = runc_state(container_id)
@@ -120,6 +133,7 @@ def capture(container_id: str) -> dict:
         key, sep, value = item.decode(errors="surrogateescape").partition("=")
         if sep:
             env[key] = value
+    filters = _filters(pid, status, state)
     cgroup_procs = []  # none rootless: the paths there are the user's own cgroups, not the sandbox's
     for path in sorted(set(state["cgroup_paths"].values()) if not rootless.entered() else ()):
         procs = Path(path) / "cgroup.procs"
@@ -137,9 +151,8 @@ def capture(container_id: str) -> dict:
                  (("bnd", "Bnd"), ("eff", "Eff"), ("prm", "Prm"), ("inh", "Inh"), ("amb", "Amb"))},
         "no_new_privs": status.get("NoNewPrivs") == "1",
         "umask": int(status.get("Umask", "0022"), 8),
-        "seccomp": dump_seccomp(pid) if status.get("Seccomp") == "2" and not rootless.entered() else [],
-        # rootless, the filter cannot be read (that needs CAP_SYS_ADMIN): the runtime refuses such a profile
-        "seccomp_unread": status.get("Seccomp") == "2" and rootless.entered(),
+        "seccomp": filters or [],
+        "seccomp_unread": filters is None,  # the runtime refuses such a profile; podman exec runs its commands
         "env": env,
         "rlimits": read_rlimits(pid),
     }

@@ -127,7 +127,9 @@ class Tree(Protocol):
 
     def lstat(self, rel: bytes) -> Entry | None: ...
 
-    def listdir(self, rel: bytes) -> list[bytes]: ...
+    def listing(self, rel: bytes) -> dict[bytes, Entry]:
+        """The directory `rel`'s entries by name (empty when it is no directory here)."""
+        ...
 
     def read(self, rel: bytes, cap: int) -> bytes | None:
         """The bytes of the regular file `rel`; None when it holds more than `cap`."""
@@ -176,7 +178,7 @@ def _candidates(subvolumes: Sequence[Path], trees: Sequence[Tree],
         except OSError as e:  # not allowed to send (rootless), or not two subvolumes of one filesystem
             if e.errno not in (errno.EPERM, errno.EACCES, errno.ENOTTY, errno.EINVAL, errno.EXDEV):
                 raise
-    return "walk", dict.fromkeys(walk_differences(*trees), True)
+    return "walk", {rel: True for rel, _, _ in walk_differences(*trees)}
 
 
 class HostTree:
@@ -206,14 +208,9 @@ class HostTree:
         if fd is None:
             return None
         try:
-            info = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            target = os.fsdecode(os.readlink(name, dir_fd=fd)) if stat.S_ISLNK(info.st_mode) else None
-        except FileNotFoundError:
-            return None
+            return _entry_at(fd, name)
         finally:
             os.close(fd)
-        return Entry(mode=info.st_mode, uid=info.st_uid, gid=info.st_gid, size=info.st_size,
-                     mtime_ns=info.st_mtime_ns, ctime_ns=info.st_ctime_ns, ino=info.st_ino, target=target)
 
     def read(self, rel: bytes, cap: int) -> bytes | None:
         fd = self.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -227,12 +224,14 @@ class HostTree:
         finally:
             os.close(fd)
 
-    def listdir(self, rel: bytes) -> list[bytes]:
+    def listing(self, rel: bytes) -> dict[bytes, Entry]:
+        """Read through one descriptor of the directory, not one per entry (a walk's cost)."""
         fd = self.open(rel, os.O_RDONLY | os.O_DIRECTORY)
         if fd is None:
-            return []
+            return {}
         try:
-            return [os.fsencode(name) for name in os.listdir(fd)]
+            found = {name: _entry_at(fd, name) for name in map(os.fsencode, os.listdir(fd))}
+            return {name: entry for name, entry in found.items() if entry is not None}
         finally:
             os.close(fd)
 
@@ -251,6 +250,16 @@ class HostTree:
             for fd in (left, right):
                 if fd is not None:
                     os.close(fd)
+
+
+def _entry_at(dir_fd: int, name: bytes) -> Entry | None:
+    try:
+        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        target = os.fsdecode(os.readlink(name, dir_fd=dir_fd)) if stat.S_ISLNK(info.st_mode) else None
+    except FileNotFoundError:
+        return None
+    return Entry(mode=info.st_mode, uid=info.st_uid, gid=info.st_gid, size=info.st_size,
+                 mtime_ns=info.st_mtime_ns, ctime_ns=info.st_ctime_ns, ino=info.st_ino, target=target)
 
 
 def _split(rel: bytes) -> tuple[bytes, bytes]:
@@ -311,20 +320,22 @@ def _whole(tree: Tree, rel: bytes, change: Literal["added", "removed"], *,
             yield current, FileChange(path=_display(current), change=change,
                                       **({"after": node} if change == "added" else {"before": node}))
         if node.kind == "dir":
-            stack.extend(current + b"/" + name for name in tree.listdir(current))
+            stack.extend(current + b"/" + name for name in tree.listing(current))
 
 
-def walk_differences(base: Tree, target: Tree) -> Iterator[bytes]:
+def walk_differences(base: Tree, target: Tree) -> Iterator[tuple[bytes, Entry | None, Entry | None]]:
     """Every path whose entry differs between the trees (a name on one side only, or another inode,
-    type, mode, owner, size, mtime or ctime), descending into directories both trees hold."""
+    type, mode, owner, size, mtime or ctime), with its entry on each side, descending into directories
+    both trees hold."""
     pending = [b""]
     while pending:
         current = pending.pop()
-        for name in sorted(set(base.listdir(current)) | set(target.listdir(current))):
+        before, after = base.listing(current), target.listing(current)
+        for name in sorted(before.keys() | after.keys()):
             rel = current + b"/" + name if current else name
-            old, new = base.lstat(rel), target.lstat(rel)
+            old, new = before.get(name), after.get(name)
             if old is None or new is None or old.key() != new.key():
-                yield rel
+                yield rel, old, new
             if old is not None and new is not None and stat.S_ISDIR(old.mode) and stat.S_ISDIR(new.mode):
                 pending.append(rel)
 

@@ -34,11 +34,13 @@ def _pid_namespace(pid: int) -> int | None:
 
 
 def _namespace_pids(init_pid: int) -> set[int]:
-    """Every process in the PID namespace of the sandbox's init (a sandbox without cgroups of its own)."""
+    """Every live process in the PID namespace of the sandbox's init (a sandbox without cgroups of its own).
+    Zombies are not, as a cgroup's list has none: a killed process stays one until its parent reaps it."""
     namespace = _pid_namespace(init_pid)
     if namespace is None:
         return set()
-    return {int(entry) for entry in os.listdir("/proc") if entry.isdigit() and _pid_namespace(int(entry)) == namespace}
+    return {int(entry) for entry in os.listdir("/proc")
+            if entry.isdigit() and _pid_namespace(int(entry)) == namespace and _state(int(entry)) not in "ZX"}
 
 
 def _pids(profile: dict) -> set[int]:

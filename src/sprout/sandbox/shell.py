@@ -7,6 +7,11 @@ from collections.abc import Generator, Iterator, Sequence
 from .errors import CommandError
 
 
+def tool(name: str) -> str:
+    """A host tool's path: from PATH, else from the sbin directories a user's PATH may lack (mkfs.ext4)."""
+    return shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin") or name
+
+
 def run(cmd: Sequence[str], *, input: bytes | None = None, check: bool = True,
         timeout: float | None = None, what: str | None = None) -> subprocess.CompletedProcess:
     """Runs a host command, capturing output; raises CommandError with its stderr on failure."""

@@ -241,10 +241,6 @@ class Store:
         self.backend = backend  # of the sandboxes made from images; a branch keeps its checkpoint's
         self.root = Path(root or default_root()).expanduser().absolute()
         self.runtime_bin = runtime_bin if runtime_bin is not None else settings().runtime_bin
-        if self.runtime_bin is not None and rootless.entered():
-            rootless.say_once("commands run through `podman exec`: rootless, sprout-runtime cannot load a "
-                              "sandbox's seccomp filter (reading it needs CAP_SYS_ADMIN)")
-            self.runtime_bin = None
         self.owner = None if owner is None else {**owner, "host": socket.gethostname(), "pid": os.getpid(),
                                                  "start": confinement.proc_starttime(os.getpid())}
         ensure_mounted(self.root)

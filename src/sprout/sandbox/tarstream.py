@@ -15,7 +15,9 @@ parent the archive is the whole subvolume. The paths to remove are every entry g
 directory on both sides, so the extraction never meets a link the agent left where a directory now is.
 
 Rootless, both ends run inside the user's namespace, so owners travel as the sandbox sees them: uid 0 is
-the sandbox's root on a rootless host and on a root one alike.
+the sandbox's root on a rootless host and on a root one alike. The sender is trusted as a worker holding
+the workers' token (sprout.worker.shipping), as with btrfs streams: what it names is written into the
+new subvolume by tar.
 """
 
 import json
@@ -53,27 +55,25 @@ def _write_members(path: Path, parent: Path | None, out: "tempfile._TemporaryFil
     remove: list[bytes] = []
     with diff.HostTree(parent or path) as old, diff.HostTree(path) as new:
         out.write(b".\0")
-        changed = diff.walk_differences(old, new) if parent else _below(new, b"")
-        for rel in changed:
-            before, after = (old.lstat(rel), new.lstat(rel)) if parent else (None, new.lstat(rel))
+        changed = diff.walk_differences(old, new) if parent else ((rel, None, e) for rel, e in _below(new, b""))
+        for rel, before, after in changed:
             if before is not None and not (after is not None and _is_dir(before) and _is_dir(after)):
                 remove.append(rel)
             if after is None:
                 continue
             out.write(b"./" + rel + b"\0")
             if parent and _is_dir(after) and not (before is not None and _is_dir(before)):
-                out.writelines(b"./" + below + b"\0" for below in _below(new, rel))
+                out.writelines(b"./" + below + b"\0" for below, _ in _below(new, rel))
     out.flush()
     return remove
 
 
-def _below(tree: diff.HostTree, rel: bytes) -> Iterator[bytes]:
-    """Every path below the directory `rel`, each directory before what it holds."""
-    for name in sorted(tree.listdir(rel)):
+def _below(tree: diff.HostTree, rel: bytes) -> Iterator[tuple[bytes, diff.Entry]]:
+    """Every path below the directory `rel` with its entry, each directory before what it holds."""
+    for name, entry in sorted(tree.listing(rel).items()):
         child = rel + b"/" + name if rel else name
-        yield child
-        entry = tree.lstat(child)
-        if entry is not None and _is_dir(entry):
+        yield child, entry
+        if _is_dir(entry):
             yield from _below(tree, child)
 
 
@@ -93,7 +93,12 @@ def receive(target: Path, parent: Path | None, chunks: Iterator[bytes]) -> int:
     header, newline, archive = rest.partition(b"\n")
     if magic + b"\n" != MAGIC or not newline:
         raise CommandError(f"not a sprout tar stream (it begins {buffer[:40]!r})")
-    remove = [os.fsencode(rel) for rel in json.loads(header)["remove"]]
+    try:
+        remove = [os.fsencode(rel) for rel in json.loads(header)["remove"]]
+    except (ValueError, KeyError, TypeError) as e:
+        raise CommandError(f"a sprout tar stream with a malformed remove list: {e}") from None
+    if any(part in (b"", b".", b"..") for rel in remove for part in rel.split(b"/")):
+        raise CommandError("a sprout tar stream may remove only paths below the subvolume")
     if parent is None:
         btrfs.create(target)
     else:

@@ -8,6 +8,7 @@ waits for it to exit. The pid file names the supervisor, the child and when it s
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -105,8 +106,37 @@ def service_env(config: ServicesConfig, directory: Path | None = None,
     return env
 
 
+PORT_FLAGS = {"runstore-api": "--port", "litellm-proxy": "--proxy-port", "rl-driver": "--rl-driver-port"}
+
+
+def _listen_address(name: str, config: ServicesConfig) -> tuple[str, int] | None:
+    if name == "runstore-api":
+        return config.runstore_host, config.runstore_port
+    service = {"litellm-proxy": config.proxy, "rl-driver": config.rl_driver}.get(name)
+    return (service.host, service.port) if service else None
+
+
+def _port_taken(name: str, config: ServicesConfig) -> str | None:
+    """Why `name` cannot listen where it is configured to: another process holds the port. Its health check
+    would otherwise take that process (another user's Sprout, say) for this service."""
+    address = _listen_address(name, config)
+    if address is None:
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as e:
+            return (f"{name} cannot listen on {address[0]}:{address[1]} ({e.strerror}): another process holds "
+                    f"it (another user's Sprout services?); choose another port with `sprout services init "
+                    f"{PORT_FLAGS[name]} N`")
+    return None
+
+
 def preflight(name: str, config: ServicesConfig, directory: Path) -> str | None:
     """Why `name` cannot start with this configuration, or None."""
+    if taken := _port_taken(name, config):
+        return taken
     if name == "rl-driver":
         return _rl_driver_preflight(config, directory)
     if name != "litellm-proxy":

@@ -72,8 +72,9 @@ def _rootless(store: Store | None) -> list[Check]:
     checks.append(Check("rootless freeze", True, "a checkpoint stops the sandbox's processes with SIGSTOP (there "
                         "is no cgroup freezer of its own) and continues them after; a sandbox's processes are "
                         "those of its PID namespace"))
-    checks.append(Check("rootless exec", True, "commands run through `podman exec`, not sprout-runtime: it "
-                        "cannot read a sandbox's seccomp filter to load it (that needs CAP_SYS_ADMIN)"))
+    checks.append(Check("rootless exec", True, "sprout-runtime loads a sandbox's seccomp filter as compiled "
+                        "from runc's state (reading it off the sandbox needs CAP_SYS_ADMIN); a filter it cannot "
+                        "reproduce exactly sends that sandbox's commands through `podman exec`"))
     checks.append(Check("rootless diff", True, "checkpoint diffs walk both trees (btrfs send needs root)"))
     return checks
 

@@ -9,6 +9,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ... import rootless
 from .. import btrfs, confinement, execution, podman, processes, rootfs, trust, users
 from ..diff import Tree, host_trees
 from ..errors import CommandError, SandboxStateError
@@ -87,7 +88,10 @@ class ContainerBackend:
         profile = _running_profile(sandbox)
         with _killed_on(cancel, profile):
             runtime_bin = sandbox.store.runtime_bin
-            if runtime_bin is not None:
+            if runtime_bin is not None and profile["seccomp_unread"]:
+                rootless.say_once("commands run through `podman exec`: sprout-runtime cannot load a seccomp "
+                                  "filter that it cannot read or reproduce exactly (one whose default is not ENOSYS)")
+            elif runtime_bin is not None:
                 identity = users.resolve(sandbox.path, user) if user is not None else None
                 return execution.run_via_runtime(runtime_bin, sandbox.profile_path, profile, argv, cwd, env,
                                                  identity, timeout, max_output)

@@ -16,6 +16,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import shell
 from ..errors import StoreError
 from ..trust import CONTAINER_BUNDLE
 
@@ -174,7 +175,7 @@ def make_disk(rootfs: Path, dest: Path) -> None:
     used = int(counted.stdout.split()[0])
     size_mb = (used * 3 // 2 + DISK_HEADROOM_BYTES) >> 20
     partial = dest.with_name(dest.name + ".partial")
-    result = subprocess.run(["mkfs.ext4", "-q", "-F", "-L", "sprout", "-d", str(rootfs), str(partial),
+    result = subprocess.run([shell.tool("mkfs.ext4"), "-q", "-F", "-L", "sprout", "-d", str(rootfs), str(partial),
                              f"{size_mb}M"], capture_output=True, text=True)
     if result.returncode != 0:
         partial.unlink(missing_ok=True)

@@ -34,8 +34,8 @@ class GuestTree:
     def lstat(self, rel: bytes) -> Entry | None:
         return self.entries.get(rel)
 
-    def listdir(self, rel: bytes) -> list[bytes]:
-        return self.children.get(rel, [])
+    def listing(self, rel: bytes) -> dict[bytes, Entry]:
+        return {name: self.entries[rel + b"/" + name if rel else name] for name in self.children.get(rel, [])}
 
     def read(self, rel: bytes, cap: int) -> bytes | None:
         entry = self.entries.get(rel)

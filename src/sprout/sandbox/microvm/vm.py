@@ -69,6 +69,8 @@ def choose_accel(requested: str = "auto") -> tuple[str, str]:
     if not os.path.exists("/dev/kvm"):
         return "tcg", "no /dev/kvm: emulating with TCG"
     if any(os.path.isdir(f"/sys/module/{m}") for m in ("kvm_intel", "kvm_amd")):
+        if not os.access("/dev/kvm", os.R_OK | os.W_OK):  # a user outside the kvm group
+            return "tcg", "/dev/kvm is not open to this user (add it to the kvm group): emulating with TCG"
         return "kvm", "/dev/kvm with hardware virtualization"
     if os.path.isdir("/sys/module/kvm_pvm"):
         return "tcg", "/dev/kvm is PVM (kvm_pvm), which does not boot Debian's kernel: emulating with TCG"
