@@ -5,6 +5,7 @@ restarts it with backoff if it dies, and on SIGTERM passes the signal on (so a w
 waits for it to exit. The pid file names the supervisor, the child and when it started.
 """
 
+import errno
 import json
 import os
 import signal
@@ -126,7 +127,9 @@ def _port_taken(name: str, config: ServicesConfig) -> str | None:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(address)
-        except OSError as e:
+        except OSError as e:  # anything but a held port (an IPv6 or unknown host) is the service's to report
+            if e.errno != errno.EADDRINUSE:
+                return None
             return (f"{name} cannot listen on {address[0]}:{address[1]} ({e.strerror}): another process holds "
                     f"it (another user's Sprout services?); choose another port with `sprout services init "
                     f"{PORT_FLAGS[name]} N`")
