@@ -8,6 +8,7 @@ branches and `gc` see and touch only its own while the first's run.
 
 import json
 import os
+import pwd
 import subprocess
 import time
 from pathlib import Path
@@ -27,7 +28,7 @@ BESIDE_S = float(os.environ.get("SPROUT_CI_BESIDE_S", "60"))  # how long to work
 @pytest.fixture(autouse=True)
 def _second_user() -> None:
     assert rootless.entered(), "run these as a second user without root (.ci/rootless does)"
-    assert os.environ["SPROUT_CI_FIRST_USER"] != str(rootless.user_id())
+    assert os.environ["SPROUT_CI_FIRST_USER"] != pwd.getpwuid(rootless.user_id()).pw_name, "run as another user"
 
 
 def test_the_first_users_store_and_its_loop_file_are_closed_to_this_user():
