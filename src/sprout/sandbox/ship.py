@@ -4,9 +4,9 @@ A checkpoint is sent against its newest ancestor (parent chain, then its image) 
 already holds, so usually only the turn's changes travel (~13 ms for a 1 MiB delta, against seconds for
 a full rootfs). The image a checkpoint needs is shipped first when the receiver lacks it. Streams are
 `btrfs send | btrfs receive` where both ends run as root, and sprout.sandbox.tarstream's where either
-is rootless (it can neither send nor receive an incremental btrfs stream); the receiver picks. `receive(dst, source, id)` pulls from any `ShipSource`: `StoreSource` is another
-store on this machine (`ship` joins the two), sprout.worker.shipping serves a store over HTTP to
-other hosts.
+is rootless (it can neither send nor receive an incremental btrfs stream); the receiver picks.
+`receive(dst, source, id)` pulls from any `ShipSource`: `StoreSource` is another store on this machine
+(`ship` joins the two), sprout.worker.shipping serves a store over HTTP to other hosts.
 """
 
 import time
