@@ -15,6 +15,7 @@ verdict, so the program alone filters exactly as runc's does; `reproduce` compil
 
 import ctypes
 import ctypes.util
+import errno
 import os
 import tempfile
 from collections.abc import Sequence
@@ -30,7 +31,6 @@ _WITH_ERRNO = {2, 5}  # their value carries an errno (EPERM when the configurati
 _CMP = {1: 4, 2: 1, 3: 6, 4: 5, 5: 2, 6: 3, 7: 7}  # EqualTo..MaskEqualTo -> EQ, NE, GT, GE, LT, LE, MASKED_EQ
 _ARCHES = {"amd64": "x86_64", "x86": "x86", "x32": "x32", "arm64": "aarch64", "arm": "arm", "ppc64le": "ppc64le",
            "s390x": "s390x", "riscv64": "riscv64", "mips64": "mips64", "mips64el": "mipsel64"}
-EPERM, ENOSYS = 1, 38
 
 
 class _ArgCmp(ctypes.Structure):
@@ -61,7 +61,7 @@ def _libseccomp() -> ctypes.CDLL:
 def _action(action: int, errno_ret: int | None) -> int:
     if action not in _ACTIONS:
         raise SandboxStateError(f"the sandbox's seccomp configuration has an action Sprout cannot compile ({action})")
-    return _ACTIONS[action] | (((EPERM if errno_ret is None else errno_ret) & 0xFFFF) if action in _WITH_ERRNO else 0)
+    return _ACTIONS[action] | (((errno.EPERM if errno_ret is None else errno_ret) & 0xFFFF) if action in _WITH_ERRNO else 0)
 
 
 def _check(result: int, doing: str) -> None:
@@ -83,7 +83,7 @@ def compile_filter(config: dict) -> bytes:
             if token == 0:
                 raise SandboxStateError(f"libseccomp does not know the architecture {arch}")
             result = lib.seccomp_arch_add(ctx, token)
-            if result != -17:  # EEXIST: the native one is there already
+            if result != -errno.EEXIST:  # the native one is there already
                 _check(result, f"add the architecture {arch}")
         for call in config.get("syscalls") or []:
             _add_rule(lib, ctx, call, default)
@@ -114,6 +114,6 @@ def _add_rule(lib: ctypes.CDLL, ctx: int, call: dict, default: int) -> None:
 def reproduce(config: dict | None) -> bytes | None:
     """The filter runc loaded from `config` (runc's state's `config.seccomp`), None when this module
     cannot reproduce it exactly: a default action other than ENOSYS (runc's stub would then differ)."""
-    if config is None or config["default_action"] != 2 or config.get("default_errno_ret") != ENOSYS:
+    if config is None or config["default_action"] != 2 or config.get("default_errno_ret") != errno.ENOSYS:
         return None
     return compile_filter(config)
