@@ -30,7 +30,8 @@ from sprout.eval.gate import GateConfig, run_gate
 from sprout.sandbox import Store
 from sprout.sandbox.podman import command as podman_command
 from sprout.sandbox.podman import ulimit_flags
-from sprout.tasks import ensure_image, grade, load_task, load_tasks
+from sprout.tasks import ensure_image, load_task, load_tasks
+from sprout.tasks.grade import grade
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))

@@ -39,11 +39,17 @@ def pytest_configure(config: pytest.Config) -> None:
 # The files that take longest (from CI's durations), run first: pytest-xdist hands whole files out in
 # collection order (--dist loadfile), and a long file handed out last is the suite's tail.
 LONGEST_FIRST = (
-    "tests/method/test_evaluate.py", "tests/method/test_worker_churn.py", "tests/services/test_litellm_proxy.py",
-    "tests/rl_driver/test_driver.py", "tests/method/test_parallel.py", "tests/method/test_evaluate_runstore.py",
-    "tests/sandbox/test_microvm.py", "tests/tasks/test_swe_rebench.py", "tests/rl_driver/test_search.py",
-    "tests/services/test_services.py", "tests/agent/test_run.py", "tests/runstore/test_worker_lifecycle.py",
-    "tests/rl_driver/test_host_lost.py", "tests/method/test_view.py", "tests/sandbox/test_host_trust.py",
+    "tests/method/test_evaluate.py", "tests/rl_driver/test_driver.py", "tests/sandbox/test_microvm.py",
+    "tests/tasks/test_swe_rebench.py", "tests/agent/test_run.py", "tests/rl_driver/test_search.py",
+    "tests/sandbox/test_sandbox.py", "tests/method/test_parallel.py", "tests/services/test_services.py",
+    "tests/services/test_litellm_proxy.py", "tests/runstore/test_worker_lifecycle.py", "tests/method/test_view.py",
+    "tests/method/test_worker_churn.py", "tests/sandbox/test_network_switch.py",
+    "tests/rl_driver/test_swe_driver.py", "tests/tasks/test_gate.py", "tests/sandbox/test_host_trust.py",
+    "tests/test_cli_errors.py", "tests/services/test_rl_driver_service.py", "tests/method/test_evaluate_runstore.py",
+    "tests/tasks/test_grade.py", "tests/sandbox/test_hostile.py", "tests/sandbox/test_cli_doctor.py",
+    "tests/test_cli.py", "tests/method/test_benchmark.py", "tests/rl_driver/test_host_lost.py",
+    "tests/runstore/test_api.py", "tests/tasks/test_images.py", "tests/tasks/test_benchmark_like.py",
+    "tests/rl_driver/test_prepare_hosts.py",
 )
 
 

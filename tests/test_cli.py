@@ -28,6 +28,20 @@ def test_version_is_the_package_version():
     assert (done.returncode, done.stdout.strip()) == (0, f"sprout {__version__}")
 
 
+# What only running a command needs: the store, the job stack, the agent's and Harbor's packages, LiteLLM.
+RUN_TIME_MODULES = ("sprout.sandbox.store", "sprout.jobs.payloads", "sprout.worker.serve", "sprout.agent.runner",
+                    "sprout.tasks.grade", "sprout.services.files", "harbor", "minisweagent", "litellm")
+
+
+def test_building_the_parser_imports_none_of_what_commands_run():
+    """`sprout --help` and a usage error answer at once: each subcommand imports its library when it runs."""
+    probe = ("import sys; from sprout.cli import parser; parser(); "
+             f"print(' '.join(m for m in {RUN_TIME_MODULES!r} if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == []
+
+
 @pytest.mark.parametrize("args, message", [
     ([], "the following arguments are required: COMMAND"),
     (["nosuch"], "invalid choice: 'nosuch'"),

@@ -20,6 +20,7 @@ from sprout.sandbox import Store
 from sprout.services import supervisor
 from sprout.services.config import load
 from sprout.testing.scripted_model import ScriptedModelServer
+from sprout.worker.serve import STOP_GRACE_S
 from tests.conftest import REPO, free_port, turns_so_far
 
 
@@ -211,7 +212,7 @@ def test_down_mid_rollout_stops_the_job_and_releases_it(tmp_path):
                         "--drain-timeout", "1")
         assert init.returncode == 0, init.stderr
         assert load(config).worker_drain_s == 1
-        assert supervisor.stop_timeout("runstore-worker", load(config)) > 1 + supervisor.STOP_GRACE_S
+        assert supervisor.stop_timeout("runstore-worker", load(config)) > 1 + STOP_GRACE_S
         env = {"SPROUT_MODEL_API_KEY": "unused"}
         up = services(config, "up", "runstore-api", "runstore-worker", env=env)
         try:

@@ -6,7 +6,8 @@ import os
 import time
 from pathlib import Path
 
-from sprout.tasks import grade, load_task, start_task_sandbox
+from sprout.tasks import load_task, start_task_sandbox
+from sprout.tasks.grade import grade
 from tests.tasks.conftest import FIXTURES, SLOW_FIXTURES
 
 

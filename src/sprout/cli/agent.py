@@ -11,7 +11,6 @@ from ..agent import defaults
 from ..checkout import RUNTIME_LAUNCHER
 from ..console import console
 from ..errors import SproutError, UsageError
-from ..sandbox import Store
 from . import flags
 
 DEMO_SCRIPT = Path(__file__).resolve().parent.parent / "demo_data" / "fizzbuzz.json"
@@ -23,6 +22,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from ..agent.journal import read_journal
         from ..agent.models import Endpoint
         from ..agent.runner import RolloutSpec, run_rollout
+        from ..sandbox import Store
     except ImportError as e:  # doctor works without the agent's packages; run does not
         raise SproutError(f"`run` needs mini-swe-agent: pip install -e '.[mini]' ({e})") from None
     if (args.from_journal is None) != (args.turn is None):
@@ -74,6 +74,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from ..agent.runner import RolloutSpec, run_rollout
     from ..jobs.journals import discard
     from ..report.journal import snapshots_table
+    from ..sandbox import Store
     from ..testing.scripted_model import ScriptedModelServer
 
     store = Store(runtime_bin=args.runtime_bin)

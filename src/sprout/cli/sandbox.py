@@ -3,18 +3,24 @@
 import argparse
 import time
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
 from ..console import console, human_bytes
 from ..errors import UsageError
-from ..sandbox import Store, images
 from ..sandbox.diff import TEXT_CAP, FileChange
 from . import flags
 
+if TYPE_CHECKING:
+    from ..sandbox import Store
 
-def _store(args: argparse.Namespace) -> Store:
-    return Store(args.store, runtime_bin=args.runtime_bin)
+
+def _store(args: argparse.Namespace, **options) -> "Store":
+    """The store the command names (imported here: building the parser imports none of the library)."""
+    from ..sandbox import Store
+
+    return Store(args.store, runtime_bin=args.runtime_bin, **options)
 
 
 def _when(ts: float) -> str:
@@ -24,6 +30,8 @@ def _when(ts: float) -> str:
 def cmd_images(args: argparse.Namespace) -> int:
     store = _store(args)
     if args.action == "bootstrap":
+        from ..sandbox import images
+
         started = time.monotonic()
         stand_ins = 0
         for recipe in images.RECIPES:
@@ -51,7 +59,7 @@ def cmd_images(args: argparse.Namespace) -> int:
 
 
 def cmd_create(args: argparse.Namespace) -> int:
-    sandbox = Store(args.store, runtime_bin=args.runtime_bin, backend=args.backend).create_sandbox(
+    sandbox = _store(args, backend=args.backend).create_sandbox(
         args.image, memory=args.memory, pids=args.pids, cpus=args.cpus, network=args.network, label=args.label,
         host_trust=False if args.no_host_trust else None)
     console.print(sandbox.id)

@@ -48,7 +48,6 @@ from ..services.config import (
     rl_driver_token,
     token,
 )
-from ..services.files import write_all
 from ..settings import settings
 
 PROXY_FLAGS = {"model_name": "proxy_model", "provider_model": "proxy_provider_model", "api_base": "proxy_api_base",
@@ -204,6 +203,7 @@ def _confirm(path: Path, diff: str) -> bool:
 
 
 def cmd_setup(args) -> int:
+    from ..services.files import write_all  # here: it imports the Run Store's models
     from ..worker.doctor import run_checks
 
     directory = config_dir()
@@ -271,6 +271,8 @@ def _ask_proxy(old: ProxyConfig | None) -> ProxyConfig:
 
 
 def cmd_init(args) -> int:
+    from ..services.files import write_all  # here: it imports the Run Store's models
+
     directory = config_dir()
     base = load(directory) if (directory / "services.json").exists() else _defaults()
     config = _config_from(args, base)

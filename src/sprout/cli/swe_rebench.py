@@ -22,12 +22,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..console import console, errors
 from ..errors import UsageError
-from ..sandbox import Store
-from ..tasks.swe_rebench.grade import SweGrade, grade_instance
-from ..tasks.swe_rebench.harbor import write_task
 from ..tasks.swe_rebench.instances import (
     Instance,
     InstanceSet,
@@ -36,8 +34,10 @@ from ..tasks.swe_rebench.instances import (
     read_patches,
     task_prompt,
 )
-from ..tasks.swe_rebench.verdict import load_parsers
 from . import flags
+
+if TYPE_CHECKING:
+    from ..tasks.swe_rebench.grade import SweGrade
 
 
 def cmd_check(args) -> int:
@@ -68,6 +68,9 @@ def _report_skipped(loaded: InstanceSet) -> None:
 
 
 def cmd_to_harbor(args) -> int:
+    from ..tasks.swe_rebench.harbor import write_task
+    from ..tasks.swe_rebench.verdict import load_parsers
+
     loaded = load_instances(args.data, args.sha256)
     parsers = load_parsers(args.parsers, args.parsers_sha256)
     instances = [loaded.get(i) for i in flags.flatten(args.instance_id) or []] or loaded.instances
@@ -83,6 +86,10 @@ def cmd_to_harbor(args) -> int:
 
 
 def cmd_grade(args) -> int:
+    from ..sandbox import Store
+    from ..tasks.swe_rebench.grade import grade_instance
+    from ..tasks.swe_rebench.verdict import load_parsers
+
     loaded = load_instances(args.data, args.sha256)
     parsers = load_parsers(args.parsers, args.parsers_sha256)
     work = _patches(args, loaded)
@@ -111,7 +118,7 @@ def cmd_grade(args) -> int:
     return 1 if failed or (args.fail_unresolved and resolved < len(grades)) else 0
 
 
-def _grade_line(grade: SweGrade) -> str:
+def _grade_line(grade: "SweGrade") -> str:
     if grade.resolved is None:
         return f"{grade.instance_id}: no verdict: {grade.error}"
     f2p = f"{len(grade.fail_to_pass_missing)} FAIL_TO_PASS missing, {len(grade.pass_to_pass_failed)} " \

@@ -25,13 +25,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def add(sub: argparse._SubParsersAction) -> None:
-    from ..worker import serve
+SERVE_HELP = """Claims Run Store jobs for this host and its capacity, runs them, heartbeats, reports.
 
+On start it reaps what a killed worker left on this host (sandboxes and
+checkpoints whose owner process is gone). On SIGTERM it drains: claims nothing more, lets running jobs
+finish for up to --drain-timeout seconds, then stops the ones still running (a rollout stops between
+turns, its sandbox and half journal discarded) and only then releases their leases, so other workers
+take them at once and never run a job while it still runs here. A job that is cancelled or whose lease
+is lost (seen by the next heartbeat: every lease/6 seconds, at most 2 s apart) is stopped the same
+way. Connection errors (an API restart) are retried: claims by the loop, heartbeats and results by the
+client. With --ship-listen it serves this host's checkpoints to other workers; a job claimed here whose
+checkpoint is on another host (claimed past its affinity timeout) has that checkpoint shipped here first
+(sprout.worker.shipping).
+"""
+
+
+def add(sub: argparse._SubParsersAction) -> None:
     group = sub.add_parser("worker", help="a Run Store worker on this host")
     commands = group.add_subparsers(dest="worker_command", required=True, metavar="COMMAND")
     s = commands.add_parser("serve", help="claim and run Run Store jobs (rollout, grade, swe-grade, review, gate)",
-                            description=serve.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                            description=SERVE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     flags.add(s, "runstore_url", "token_file")
     s.add_argument("--host-id", default=socket.gethostname(), metavar="NAME",
                    help="this host's name, for job affinity (default: the hostname)")

@@ -24,7 +24,8 @@ from ..method.records import ReviewRecord
 from ..method.review import Reviewer, ReviewInput
 from ..sandbox import Image, Sandbox, Store
 from ..sandbox.slots import HostSlots, SlotWaitStopped
-from ..tasks import GradeResult, grade, start_task_sandbox
+from ..tasks import GradeResult, start_task_sandbox
+from ..tasks.grade import grade
 from ..tasks.swe_rebench import SweRebenchRef
 from ..tasks.swe_rebench.rollout import GRADE_WALL_S, run_swe_rollout
 from .journals import discard

@@ -22,7 +22,6 @@ import httpx
 from ..errors import SproutError
 from ..jobs.endpoints import ENDPOINTS_ENV, render_endpoints
 from ..sandbox.backends import Check
-from ..worker.serve import STOP_GRACE_S
 from .config import (
     PROXY_KEY_ENV,
     RL_DRIVER_CONFIG,
@@ -53,6 +52,8 @@ def stop_timeout(name: str, config: ServicesConfig) -> float:
     """How long the supervisor waits for a service to exit on SIGTERM before it SIGKILLs it: for a worker,
     longer than its drain and the grace its stopped jobs get, so no job is killed mid-turn."""
     if name == "runstore-worker":
+        from ..worker.serve import STOP_GRACE_S  # here: that module imports the whole job stack
+
         return config.worker_drain_s + STOP_GRACE_S + STOP_TIMEOUT_S
     return STOP_TIMEOUT_S
 

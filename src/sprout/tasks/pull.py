@@ -13,13 +13,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
-from ..sandbox import Store, podman
+from ..sandbox import podman
 from ..sandbox.errors import ImageNotFound
 from ..sandbox.podman import inspect_image
 from ..settings import settings
 from .errors import TaskImageError
+
+if TYPE_CHECKING:
+    from ..sandbox import Store
 
 PullPolicy = Literal["missing", "always", "never"]
 PULL_POLICIES: tuple[str, ...] = get_args(PullPolicy)
@@ -65,7 +68,7 @@ def image_id(reference: str) -> str | None:
         return None
 
 
-def ensure_present(store: Store, reference: str, policy: PullPolicy, *, what: str) -> Pulled:
+def ensure_present(store: "Store", reference: str, policy: PullPolicy, *, what: str) -> Pulled:
     """Makes podman have `reference` as `policy` says; `what` names it in errors (e.g. "task x's image").
     Raises PullError when a needed pull fails, TaskImageError when `never` finds no image."""
     started = time.monotonic()
@@ -88,7 +91,7 @@ def ensure_present(store: Store, reference: str, policy: PullPolicy, *, what: st
 
 
 @contextmanager
-def _pull_lock(store: Store, reference: str) -> Iterator[Path]:
+def _pull_lock(store: "Store", reference: str) -> Iterator[Path]:
     """Held while `reference` is pulled; yields a marker file whose content is when it was last pulled."""
     digest = hashlib.sha256(reference.encode()).hexdigest()[:16]
     lock = store.root / "state" / "locks" / f"pull-{digest}"

@@ -36,7 +36,7 @@ from ..runstore.models import Claim
 from ..sandbox import Store
 from ..sandbox.errors import CheckpointNotFound
 from ..tasks import ensure_image, load_task
-from ..tasks import grade as grade_checkpoint
+from ..tasks.grade import grade as grade_checkpoint
 from ..tasks.swe_rebench.rollout import GRADE_WALL_S, grade_swe
 from ..tasks.swe_rebench.rollout import grade_checkpoint as grade_swe_checkpoint
 

@@ -404,6 +404,9 @@ def _kernel_command_line(accel: str) -> str:
         # Under emulation the guest's calibration of its TSC against the PIT races the emulator and
         # sometimes fails, and the boot then hangs. The emulated TSC runs at the host's rate: say it.
         line += f" tsc_early_khz={_host_tsc_khz()} tsc=reliable"
+        # The kernel's crypto self-tests cost ~1 s of CPU per boot under emulation (a fifth of it); they
+        # check the kernel's own algorithms, which guard nothing of the host's.
+        line += " cryptomgr.notests"
     return line
 
 

@@ -2,7 +2,9 @@
 (verdict), grading as the official harness in a fresh sandbox (grade), Harbor task directories for
 `sprout.eval` (harbor), and the command line (`sprout swe-rebench`)."""
 
-from .grade import SweGrade, agent_diff, grade_instance, touched_test_paths
+from typing import TYPE_CHECKING
+
+from ...lazy import exports
 from .instances import (
     Instance,
     InstanceSet,
@@ -14,6 +16,13 @@ from .instances import (
     task_prompt,
 )
 from .verdict import Parsers, SweGradeError, load_parsers, official_log, strip_timing, verdict
+
+if TYPE_CHECKING:
+    from .grade import SweGrade, agent_diff, grade_instance, touched_test_paths
+
+__getattr__ = exports(__name__, {
+    ".grade": ["SweGrade", "agent_diff", "grade_instance", "touched_test_paths"],
+})
 
 __all__ = [
     "Instance", "InstanceSet", "Parsers", "SweGrade", "SweGradeError", "SweRebenchError", "SweRebenchRef",
