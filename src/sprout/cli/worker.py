@@ -27,16 +27,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 SERVE_HELP = """Claims Run Store jobs for this host and its capacity, runs them, heartbeats, reports.
 
-On start it reaps what a killed worker left on this host (sandboxes and
-checkpoints whose owner process is gone). On SIGTERM it drains: claims nothing more, lets running jobs
-finish for up to --drain-timeout seconds, then stops the ones still running (a rollout stops between
-turns, its sandbox and half journal discarded) and only then releases their leases, so other workers
-take them at once and never run a job while it still runs here. A job that is cancelled or whose lease
-is lost (seen by the next heartbeat: every lease/6 seconds, at most 2 s apart) is stopped the same
-way. Connection errors (an API restart) are retried: claims by the loop, heartbeats and results by the
-client. With --ship-listen it serves this host's checkpoints to other workers; a job claimed here whose
-checkpoint is on another host (claimed past its affinity timeout) has that checkpoint shipped here first
-(sprout.worker.shipping).
+On start it reaps what a killed worker left on this host (sandboxes and checkpoints whose owner process
+is gone). On SIGTERM it drains: claims nothing more, lets running jobs finish for up to --drain-timeout
+seconds, then stops the ones still running (a rollout stops between turns, its sandbox and half journal
+discarded) and only then releases their leases, so other workers take them at once and never run a job
+while it still runs here. A job that is cancelled or whose lease is lost (seen by the next heartbeat:
+every lease/6 seconds, at most 2 s apart) is stopped the same way. Connection errors (an API restart) are
+retried: claims by the loop, heartbeats and results by the client. With --ship-listen it serves this
+host's checkpoints to other workers; a job claimed here whose checkpoint is on another host (claimed past
+its affinity timeout) has that checkpoint shipped here first (sprout.worker.shipping).
 """
 
 
