@@ -22,9 +22,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         from ..agent.journal import read_journal
         from ..agent.models import Endpoint
         from ..agent.runner import RolloutSpec, run_rollout
-        from ..sandbox import Store
     except ImportError as e:  # doctor works without the agent's packages; run does not
         raise SproutError(f"`run` needs mini-swe-agent: pip install -e '.[mini]' ({e})") from None
+    from ..sandbox import Store
+
     if (args.from_journal is None) != (args.turn is None):
         raise UsageError("--from and --turn go together")
     if args.from_journal is None and not args.task:
