@@ -1,13 +1,12 @@
-"""The export of a rollout into the messages Miles trains on, checked on messages built the way mini-swe-agent
-builds them (litellm's message dump plus `extra`, its own observation and format-error helpers)."""
+"""The export of a rollout into the messages Miles trains on, checked on messages built the way a rollout
+builds them (the agent's model class on a server's response, mini-swe-agent's own observation and
+format-error helpers), and on messages as journals written through LiteLLM hold them."""
 
 import copy
 import json
 
 import pytest
-from litellm import ModelResponse
 from minisweagent.exceptions import FormatError
-from minisweagent.models.litellm_model import LitellmModelConfig
 from minisweagent.models.utils.actions_text import format_observation_messages
 from minisweagent.models.utils.actions_toolcall import (
     BASH_TOOL,
@@ -29,7 +28,8 @@ from sprout.rl_driver.protocol import HINT_CLOSE, HINT_OPEN, strip_hints
 
 pytestmark = pytest.mark.python_only
 
-TEMPLATE = LitellmModelConfig(model_name="openai/m").observation_template
+TEMPLATE = ("{% if output.exception_info %}<exception>{{output.exception_info}}</exception>\n{% endif %}"
+            "<returncode>{{output.returncode}}</returncode>\n<output>\n{{output.output}}</output>")  # mini-swe-agent's default
 KEYS = {"system": {"role", "content"}, "user": {"role", "content"},
         "tool": {"role", "content", "tool_call_id"},
         "assistant": {"role", "content", "tool_calls", "reasoning_content"}}
@@ -81,16 +81,13 @@ def user(content: str = "Fix the bug in add().") -> dict:
 
 
 def assistant(content: str | None, *calls: tuple[str, str], **fields) -> dict:
-    """litellm's `message.model_dump()` plus mini-swe-agent's `extra`, as LitellmModel.query returns it."""
+    """A server's message with these tool calls, plus the `extra` the agent's model class adds to it."""
     tool_calls = [{"id": i, "type": "function",
                    "function": {"name": "bash", "arguments": json.dumps({"command": c})}} for i, c in calls]
-    response = ModelResponse(choices=[{"message": {"role": "assistant", "content": content,
-                                                   "tool_calls": tool_calls or None, **fields},
-                                       "finish_reason": "tool_calls" if calls else "stop"}])
-    message = response.choices[0].message.model_dump()
-    message["extra"] = {"actions": [{"command": c, "tool_call_id": i} for i, c in calls],
-                        "response": response.model_dump(), "cost": 0.0, "timestamp": 1.0}
-    return message
+    message = {"role": "assistant", "content": content, **({"tool_calls": tool_calls} if calls else {}), **fields}
+    return {**message, "extra": {"actions": [{"command": c, "tool_call_id": i} for i, c in calls],
+                                 "response": {"choices": [{"index": 0, "message": message}]}, "cost": 0.0,
+                                 "timestamp": 1.0}}
 
 
 def observations(message: dict, *outputs: str, **kwargs) -> list[dict]:
@@ -111,7 +108,8 @@ def calls_of(message: dict) -> list[tuple[str, dict]]:
 
 def test_a_tool_call_rollout_exports_only_api_roles_and_keys() -> None:
     first = assistant("Look first.", ("call_a", "ls"), reasoning_content="I should look around.")
-    first |= {"thinking_blocks": [{"type": "thinking", "thinking": "x"}], "annotations": [], "audio": None}
+    first |= {"thinking_blocks": [{"type": "thinking", "thinking": "x"}], "annotations": [], "audio": None,
+              "function_call": None, "provider_specific_fields": None}  # as LiteLLM dumped a message
     second = assistant(None, ("call_b", "cat add.py"))
     raw = [system(), user(), first, *observations(first, "add.py"), second, *observations(second, "def add"),
            exit_message("LimitsExceeded")]

@@ -161,10 +161,12 @@ def test_worker_run_through_the_proxy_then_a_wrong_upstream_key_then_down(tmp_pa
             assert up.returncode == 0, up.stdout + up.stderr
             result = worker_run(refused, env)
             assert result.returncode == 1 and "Traceback" not in result.stdout + result.stderr
-            error = [line for line in result.stdout.splitlines() if "AuthenticationError" in line]
-            assert len(error) == 2 and "error (AuthenticationError) after" in error[0], result.stdout
-            assert "invalid or missing API key" in error[1]  # the upstream's own words, on one line
-            assert chat(upstream) and {r["status"] for r in chat(upstream)} == {401}
+            lines = result.stdout.splitlines()
+            outcome = next(i for i, line in enumerate(lines) if "error (ChatRefused) after" in line)
+            error = lines[outcome + 1]  # the proxy's 401, the upstream's own words, on one line, not asked again
+            assert "answered HTTP 401 for model 'scripted' (the key was refused)" in error, result.stdout
+            assert "invalid or missing API key" in error
+            assert [r["status"] for r in chat(upstream)] == [401]
         finally:
             down = services(config, "down")
             remove_checkpoints(journal, refused)

@@ -9,9 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import SproutError
 
-MODEL_CLASSES = {
-    "tools": ("mini.yaml", "litellm"),  # tool calls (LitellmModel), mini-swe-agent's default
-    "text": ("mini_textbased.yaml", "litellm_textbased"),  # ```mswea_bash_command blocks, no tools
+MODEL_CLASSES = {  # mini-swe-agent's config file, and the class of sprout.agent.chat_model
+    "tools": ("mini.yaml", "ToolCallModel"),  # tool calls, mini-swe-agent's default
+    "text": ("mini_textbased.yaml", "TextModel"),  # ```mswea_bash_command blocks, no tools
 }
 
 
@@ -52,8 +52,8 @@ class Endpoint:
 class SamplingParams(BaseModel):
     """Sampling settings sent with every model call of a rollout (unset: the server's defaults).
 
-    `top_k` and `extra_body` go in the request body as they are (litellm would drop a top_k it does not
-    know for OpenAI-compatible servers; SGLang and vLLM read it from the body): -1 means off there."""
+    `top_k` and the fields of `extra_body` go in the request body as they are (SGLang and vLLM read them
+    there; -1 means off for top_k)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -64,12 +64,10 @@ class SamplingParams(BaseModel):
     max_tokens: int | None = Field(None, ge=1)  # the completion token limit of each call
     extra_body: dict[str, Any] = {}
 
-    def litellm_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {k: v for k, v in self.model_dump(include={"temperature", "top_p", "stop",
-                                                                             "max_tokens"}).items()
-                                  if v is not None}
-        body = self.extra_body | ({"top_k": self.top_k} if self.top_k is not None else {})
-        return kwargs | ({"extra_body": body} if body else {})
+    def request_fields(self) -> dict[str, Any]:
+        """The fields this adds to a Chat Completions request's body."""
+        fields = self.model_dump(include={"temperature", "top_p", "top_k", "stop", "max_tokens"}, exclude_none=True)
+        return self.extra_body | fields
 
 
 def mswea_config(model_class: str) -> dict:
@@ -82,21 +80,13 @@ def mswea_config(model_class: str) -> dict:
 
 def make_model(name: str, endpoint: Endpoint, model_class: str = "tools", config: dict | None = None,
                sampling: SamplingParams | None = None):
-    """LitellmModel (tools) or LitellmTextbasedModel (text) for `name` served at `endpoint`, every call
-    made with `sampling`.
+    """The model (sprout.agent.chat_model) that asks `name` at `endpoint` for the agent's turns, as tool calls
+    ("tools") or text ("text"), every call made with `sampling`, with the templates of mini-swe-agent's config
+    (`config`, else its file for the model class; its LiteLLM-only `model_kwargs` do not apply)."""
+    from . import chat_model
 
-    Cost tracking ignores unpriced models (cost stays 0; Sprout limits tokens instead); retries with
-    exponential backoff on 429/5xx/timeouts are mini-swe-agent's own (MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT)."""
-    import litellm
-    from minisweagent.models import get_model
-
-    litellm.suppress_debug_info = True  # else every failed call prints a "Provider List" banner
-    model_config = dict((config or mswea_config(model_class))["model"])
-    model_config |= {
-        "model_name": name if name.startswith("openai/") else f"openai/{name}",
-        "model_class": MODEL_CLASSES[model_class][1],
-        "cost_tracking": "ignore_errors",
-        "model_kwargs": {**model_config.get("model_kwargs", {}), **(sampling.litellm_kwargs() if sampling else {}),
-                         "api_base": endpoint.url, "api_key": endpoint.key or "none"},
-    }
-    return get_model(config=model_config)
+    templates = (config or mswea_config(model_class))["model"]
+    fields = {k: v for k, v in templates.items() if k in chat_model.ChatModelConfig.model_fields}
+    model_config = chat_model.ChatModelConfig(model_name=name, **fields,
+                                              request_fields=sampling.request_fields() if sampling else {})
+    return getattr(chat_model, MODEL_CLASSES[model_class][1])(model_config, endpoint)

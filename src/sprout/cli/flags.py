@@ -59,7 +59,8 @@ FLAGS: dict[str, Flag] = {
         "tools: tool calls with mini-swe-agent's mini.yaml (default); text: ```mswea_bash_command blocks, for "
         "endpoints without tool support")}),
     "model_retries": Flag(("--model-retries",), {"type": int, "default": 4, "metavar": "N", "help": (
-        "tries per agent model call, with exponential backoff on 429/5xx/timeouts (default 4)")}),
+        "tries per agent model call, with exponential backoff when no answer came or on 408/409/425/429/5xx "
+        "(default 4; another 4xx is not asked again)")}),
     "step_limit": Flag(("--step-limit",), {"type": int, "default": defaults.STEP_LIMIT, "metavar": "N", "help": (
         f"model calls per rollout (a branch of turn k gets the rest; default {defaults.STEP_LIMIT})")}),
     "token_limit": Flag(("--token-limit",), {"type": int, "default": defaults.TOKEN_LIMIT, "metavar": "N", "help": (

@@ -33,9 +33,9 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..agent.chat import WHY, ChatError, ChatRefused, complete
 from ..agent.journal import Turn
 from ..agent.models import Endpoint
 from ..errors import SproutError
@@ -62,7 +62,6 @@ REPAIRS_QUESTION = (
     "turn K, each a different way forward: its reasoning, in the agent's own voice, from what it has seen so "
     "far (never mention this review, the grader or tests it has not seen), and exactly one bash command. "
     'Reply with JSON only: {{"repairs": [{{"turn": K, "candidates": [{{"reasoning": "...", "command": "..."}}]}}]}}')
-REFUSALS = {401: "the key was refused", 403: "access is forbidden", 404: "no such URL or model"}
 
 
 class ReviewerRefused(SproutError):
@@ -300,22 +299,23 @@ class Reviewer:
 
     def post(self, messages: list[dict], timeout_s: float, json_mode: bool) -> tuple[str, int, int]:
         """One Chat Completions call: the answer's text, prompt and completion tokens. Raises ReviewerRefused
-        for 401/403/404, httpx errors (and KeyError, ValueError... for a malformed body) otherwise."""
+        for 401/403/404, ChatError otherwise."""
         config = self.config
         body: dict = {"model": config.model, "messages": messages, "temperature": config.temperature}
         body |= {k: v for k, v in (("seed", config.seed), ("max_tokens", config.max_output_tokens),
                                    ("reasoning_effort", config.reasoning_effort)) if v is not None}
         if json_mode:
             body["response_format"] = {"type": "json_object"}
-        headers = {"Authorization": f"Bearer {self.endpoint.key}"} if self.endpoint.key else {}
-        response = httpx.post(f"{self.endpoint.url}/chat/completions", json=body, headers=headers, timeout=timeout_s)
-        if response.status_code >= 400:
-            raise _http_error(response, self.endpoint, config.model)
-        data = response.json()
+        try:
+            data = complete(self.endpoint, body, timeout_s=timeout_s, purpose="reviewer")
+        except ChatRefused as e:
+            if e.status in WHY:
+                raise ReviewerRefused(f"{e}; check the reviewer's URL, model and key") from None
+            raise
         message = data["choices"][0]["message"]
         answer = next((text for text in (message.get("content"), message.get("reasoning_content"))
                        if isinstance(text, str) and text), "")
-        usage = data.get("usage") or {}
+        usage = data["usage"] if isinstance(data.get("usage"), dict) else {}
         return answer, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
 
 
@@ -372,7 +372,7 @@ class _Asking:
             answer, call.tokens_in, call.tokens_out = reviewer.post(self.conversation, timeout, json_mode=True)
         except ReviewerRefused:
             raise
-        except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+        except (ChatError, TypeError, ValueError, AttributeError) as e:
             call.problems.append(f"the call failed: {type(e).__name__}: {e}"[:500])
             return None
         finally:
@@ -380,18 +380,6 @@ class _Asking:
             call.seconds = round(time.monotonic() - started, 3)
         call.raw = answer[:RAW_CAP]
         return answer
-
-
-def _http_error(response: httpx.Response, endpoint: Endpoint, model: str) -> Exception:
-    try:
-        detail = response.json().get("error", {}).get("message", "")
-    except (ValueError, AttributeError):
-        detail = response.text[:300]
-    if response.status_code in REFUSALS:
-        return ReviewerRefused(
-            f"the reviewer endpoint {endpoint.url} answered HTTP {response.status_code} for model {model!r} "
-            f"({REFUSALS[response.status_code]}): {detail[:300]}; check the reviewer's URL, model and key")
-    return httpx.HTTPStatusError(f"HTTP {response.status_code}: {detail}", request=response.request, response=response)
 
 
 def _usable_points(answer: str, inp: ReviewInput) -> list[BranchPoint]:

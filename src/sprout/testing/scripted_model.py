@@ -1,7 +1,8 @@
 """Scripted model server: replays a fixed script over the OpenAI Chat Completions API.
 
-Tests and dry runs point an agent at this server instead of a real LLM, e.g. mini-swe-agent's
-LitellmModel with model_name "openai/scripted" and model_kwargs {"api_base": <base URL>}.
+Tests and dry runs point an agent at this server instead of a real LLM: Sprout's (sprout.agent.chat_model),
+or any OpenAI client, e.g. mini-swe-agent's LitellmModel with model_name "openai/scripted" and model_kwargs
+{"api_base": <base URL>}.
 
 Script file (JSON): a list of steps, or {"model": "scripted", "steps": [...]}.
 Each step is exactly one of:

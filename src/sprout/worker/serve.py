@@ -195,7 +195,7 @@ def serve(config: WorkerConfig) -> None:
     """Runs the worker until SIGTERM or SIGINT (then it drains); reaps first what a killed worker left."""
     from .handlers import default_handlers, store_for
 
-    for noisy in ("LiteLLM", "httpx", "minisweagent"):
+    for noisy in ("httpx", "minisweagent"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     handlers = default_handlers()
     if config.kinds:
