@@ -2,6 +2,8 @@
 with tar streams, which a rootless host sends and receives (and a root one takes from it)."""
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ from sprout import rootless
 from sprout.sandbox import Store, btrfs, tarstream
 from sprout.sandbox.errors import CommandError
 from sprout.sandbox.ship import StoreSource, receive
-from tests.conftest import DEBIAN_IMAGE, RUNTIME_BIN
+from tests.conftest import DEBIAN_IMAGE, REPO, RUNTIME_BIN
 
 FORMATS = [pytest.param("btrfs", marks=pytest.mark.skipif(rootless.active(), reason="btrfs send needs root")),
            pytest.param("tar", marks=pytest.mark.rootless)]
@@ -42,6 +44,38 @@ def test_ship_full_then_incremental_and_branch_there(base_store, other_store, fm
         sandbox.destroy()
         for checkpoint in src.checkpoints(sandbox.id):
             checkpoint.delete(force=True)
+
+
+RECEIVE = """import sys
+from sprout.sandbox import Store
+from sprout.sandbox.ship import StoreSource, receive
+src, dst, checkpoint, fmt = sys.argv[1:]
+print(receive(Store(dst), StoreSource(Store(src), formats=(fmt,)), checkpoint).shipped)"""
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_two_processes_receiving_one_checkpoint_at_once_both_get_it(base_store, other_store, fmt):
+    """Two branches of one checkpoint that land on one host at once: its image and the checkpoint are
+    received once, the other receiver waits and finds them, and neither removes what the other made."""
+    src = Store(base_store.root, runtime_bin=RUNTIME_BIN)
+    sandbox = src.create_sandbox(DEBIAN_IMAGE)
+    try:
+        sandbox.exec("head -c 4194304 /dev/urandom > /root/data")
+        checkpoint = sandbox.checkpoint()
+        receivers = [subprocess.Popen([sys.executable, "-c", RECEIVE, str(src.root), str(other_store.root),
+                                       checkpoint.id, fmt], cwd=REPO, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+        outputs = [receiver.communicate(timeout=300)[0] for receiver in receivers]
+        assert [receiver.returncode for receiver in receivers] == [0, 0], outputs
+        shipped = sorted(output.strip() for output in outputs)
+        assert shipped == sorted(["[]", str([checkpoint.image_key, checkpoint.id])]), outputs  # once, by one
+        branch = other_store.checkpoint(checkpoint.id).branch()
+        assert branch.exec("md5sum < /root/data").output == sandbox.exec("md5sum < /root/data").output
+        branch.destroy()
+    finally:
+        sandbox.destroy()
+        for made in src.checkpoints(sandbox.id):
+            made.delete(force=True)
 
 
 def _tree(root: Path) -> dict[str, tuple]:

@@ -149,11 +149,14 @@ def holds(store: Store, checkpoint_id: str) -> bool:
 
 
 def receive(dst: Store, source: ShipSource, checkpoint_id: str) -> ShipReport:
-    """Copies a checkpoint (and its image when needed) from `source` into `dst`; idempotent."""
+    """Copies a checkpoint (and its image when needed) from `source` into `dst`; idempotent. Receives into
+    one store run one at a time: a second receiver of the same checkpoint waits, then finds it there."""
     started = time.monotonic()
     if holds(dst, checkpoint_id):
         return ShipReport(checkpoint_id, [], None, 0, time.monotonic() - started)
-    with dst.building():  # subvolumes first, rows after: gc must wait
+    with dst.building(), dst.receiving():  # subvolumes first, rows after: gc must wait
+        if holds(dst, checkpoint_id):
+            return ShipReport(checkpoint_id, [], None, 0, time.monotonic() - started)
         return _receive(dst, source, checkpoint_id, started)
 
 

@@ -260,6 +260,11 @@ class Store:
         every holder, so it never takes something half-made for an orphan."""
         return self._lock("store", shared=True)
 
+    def receiving(self) -> AbstractContextManager[None]:
+        """Held (exclusive, across processes) while a checkpoint and its image are shipped in: two receivers
+        of one subvolume would each remove what the other was making."""
+        return self._lock("receive")
+
     def import_image(self, reference: str) -> Image:
         """Unpacks a podman image into a read-only subvolume, once per image id (cached).
 
