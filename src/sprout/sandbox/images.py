@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import podman, shell
+from .errors import CommandError
 from .podman import command as podman_command
 from .podman import image_info
 
@@ -74,10 +75,18 @@ def stand_in(reference: str) -> bool:
     return bool(info and ((info.get("Config") or {}).get("Labels") or {}).get(RECIPE_LABEL))
 
 
-def stand_ins_in_podman() -> list[str]:
-    """The official names podman holds as stand-ins."""
-    out = shell.output([*podman_command(), "images", "--noheading", "--filter", f"label={RECIPE_LABEL}", "--format",
-                        "{{.Repository}}:{{.Tag}}"])
+def stand_ins_in_podman(tries: int = 3) -> list[str]:
+    """The official names podman holds as stand-ins. The label filter reads every image podman lists, so an
+    image another process removes meanwhile fails the listing ("image not known"): it is listed again."""
+    command = [*podman_command(), "images", "--noheading", "--filter", f"label={RECIPE_LABEL}", "--format",
+               "{{.Repository}}:{{.Tag}}"]
+    for attempt in range(1, tries + 1):
+        try:
+            out = shell.output(command)
+            break
+        except CommandError as e:
+            if "image not known" not in str(e) or attempt == tries:
+                raise
     official = {tag for recipe in RECIPES for tag in recipe.tags}
     return sorted(name for name in out.split() if name in official)
 
