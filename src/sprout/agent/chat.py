@@ -61,7 +61,7 @@ def complete(endpoint: "Endpoint", body: dict[str, Any], *, timeout_s: float, pu
     try:
         response = _client().post(f"{endpoint.url}/chat/completions", json=body, headers=headers, timeout=timeout)
     except httpx.HTTPError as e:
-        raise ChatError(f"no answer from {where}: {type(e).__name__}: {e or 'no detail'}") from None
+        raise ChatError(f"no answer from {where}: {type(e).__name__}: {str(e) or 'no detail'}") from None
     status = response.status_code
     if status >= 400:
         why = f" ({WHY[status]})" if status in WHY else ""
