@@ -64,6 +64,7 @@ def test_a_tool_call_without_an_id_gets_one_that_its_observation_answers() -> No
                                           "finish_reason": "tool_calls"}]})
     call_id = message["tool_calls"][0]["id"]
     assert call_id.startswith("call_") and message["extra"]["actions"][0]["tool_call_id"] == call_id
+    assert "id" not in message["extra"]["response"]["choices"][0]["message"]["tool_calls"][0]  # as it was sent
     [observation] = model.format_observation_messages(message, [{"output": "a.py", "returncode": 0, "exception_info": ""}])
     assert observation["role"] == "tool" and observation["tool_call_id"] == call_id
 

@@ -11,6 +11,7 @@ actions, the whole response, cost 0: Sprout limits tokens, not cost). A refused 
 not asked again. LiteLLM is not imported: it costs seconds of CPU in every process that runs an agent.
 """
 
+import copy
 import logging
 import time
 import uuid
@@ -67,8 +68,9 @@ class ToolCallModel:
 
     def message(self, response: dict) -> dict:
         """The turn's message: the first choice's, with its actions and the response in `extra`. Raises
-        FormatError (the response kept in it, as mini-swe-agent's contract asks) when it has no usable action."""
-        choice = response["choices"][0]
+        FormatError (the response kept in it, as mini-swe-agent's contract asks) when it has no usable action.
+        The response stays as the server sent it: ids given to tool calls go into the message only."""
+        choice = copy.deepcopy(response["choices"][0])
         extra = {"response": response, "cost": 0.0}
         try:
             actions = self.parse_actions(choice)
