@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .. import rootless
 from . import shell
-from .errors import StoreError
+from .errors import CommandError, StoreError
 
 SUBVOLUME_ROOT_INODE = 256  # every btrfs subvolume's top directory has this inode number
 # ioctls of linux/btrfs.h: tree search (ROOT_REF items of the root tree), inode lookup, delete by id
@@ -19,6 +19,9 @@ IOCTL_ARGS_SIZE = 4096  # btrfs_ioctl_search_args, btrfs_ioctl_ino_lookup_args, 
 IOC_TREE_SEARCH = 0xD0009411  # _IOWR(0x94, 17, 4096)
 IOC_INO_LOOKUP = 0xD0009412  # _IOWR(0x94, 18, 4096)
 IOC_SNAP_DESTROY_V2 = 0x5000943F  # _IOW(0x94, 63, 4096)
+IOC_SNAP_CREATE_V2 = 0x50009417  # _IOW(0x94, 23, 4096): btrfs_ioctl_vol_args_v2, on the new one's parent
+SUBVOL_RDONLY = 1 << 1
+VOL_ARGS_NAME = 56  # offset of name[] in btrfs_ioctl_vol_args_v2
 # and the two a user without CAP_SYS_ADMIN may use: a subvolume's children, and a child's path
 IOC_GET_SUBVOL_ROOTREF = 0xD000943D  # _IOWR(0x94, 61, 4096)
 IOC_INO_LOOKUP_USER = 0xD000943E  # _IOWR(0x94, 62, 4096)
@@ -40,14 +43,17 @@ SEARCH_KEY_SIZE = 104  # struct btrfs_ioctl_search_key, then the result buffer
 SEARCH_HEADER_SIZE = 32  # struct btrfs_ioctl_search_header before each item
 SEARCH_MAX_ITEMS = 4096
 U64_MAX = (1 << 64) - 1
+BTRFS_SUPER_MAGIC = 0x9123683E  # statfs's f_type on btrfs
+STATFS_SIZE = 256  # more than struct statfs (120 bytes on 64-bit Linux), whose first field is f_type (a long)
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
 def is_btrfs(path: Path) -> bool:
-    try:
-        return shell.output(["stat", "-f", "-c", "%T", str(path)]) == "btrfs"
-    except Exception:
+    """Whether `path` is on btrfs: statfs(2) itself, not `stat -f` (a sample asks this about 15 times)."""
+    buf = ctypes.create_string_buffer(STATFS_SIZE)
+    if _libc.statfs(os.fsencode(path), buf) != 0:
         return False
+    return ctypes.c_long.from_buffer(buf).value == BTRFS_SUPER_MAGIC
 
 
 def is_subvolume(path: Path) -> bool:
@@ -74,8 +80,24 @@ def create(path: Path) -> None:
 
 
 def snapshot(source: Path, dest: Path, *, readonly: bool) -> None:
-    cmd = ["btrfs", "subvolume", "snapshot", *(["-r"] if readonly else []), str(source), str(dest)]
-    shell.run(cmd, what="btrfs subvolume snapshot")
+    """The ioctl `btrfs subvolume snapshot` makes, without starting it (a checkpoint takes one while the
+    sandbox is frozen: ~2 ms, against ~5 ms through the command). Raises CommandError as the command would."""
+    name = os.fsencode(dest.name)
+    args = _ioctl_args(IOCTL_ARGS_SIZE, flags=(16, "=Q", SUBVOL_RDONLY if readonly else 0))
+    args[VOL_ARGS_NAME:VOL_ARGS_NAME + len(name)] = name
+    try:
+        source_fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            parent_fd = os.open(dest.parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                struct.pack_into("=q", args, 0, source_fd)
+                fcntl.ioctl(parent_fd, IOC_SNAP_CREATE_V2, args)
+            finally:
+                os.close(parent_fd)
+        finally:
+            os.close(source_fd)
+    except OSError as e:
+        raise CommandError(f"btrfs subvolume snapshot {source} {dest} failed: {e.strerror}") from None
 
 
 def clone_file(source: Path, dest: Path) -> None:
