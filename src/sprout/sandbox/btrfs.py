@@ -7,6 +7,8 @@ import os
 import stat
 import struct
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .. import rootless
@@ -86,16 +88,9 @@ def snapshot(source: Path, dest: Path, *, readonly: bool) -> None:
     args = _ioctl_args(IOCTL_ARGS_SIZE, flags=(16, "=Q", SUBVOL_RDONLY if readonly else 0))
     args[VOL_ARGS_NAME:VOL_ARGS_NAME + len(name)] = name
     try:
-        source_fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            parent_fd = os.open(dest.parent, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                struct.pack_into("=q", args, 0, source_fd)
-                fcntl.ioctl(parent_fd, IOC_SNAP_CREATE_V2, args)
-            finally:
-                os.close(parent_fd)
-        finally:
-            os.close(source_fd)
+        with _directory(source) as source_fd, _directory(dest.parent) as parent_fd:
+            struct.pack_into("=q", args, 0, source_fd)
+            fcntl.ioctl(parent_fd, IOC_SNAP_CREATE_V2, args)
     except OSError as e:
         raise CommandError(f"btrfs subvolume snapshot {source} {dest} failed: {e.strerror}") from None
 
@@ -119,10 +114,17 @@ def is_readonly(path: Path) -> bool:
 
 def flush(path: Path) -> None:
     """Writes back the filesystem's dirty data (syncfs), so that a snapshot afterwards has little left to write."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
+    with _directory(path) as fd:
         if _libc.syncfs(fd) != 0:
             raise StoreError(f"syncfs {path}: {os.strerror(ctypes.get_errno())}")
+
+
+@contextmanager
+def _directory(path: Path) -> Iterator[int]:
+    """The directory open (read-only) for an ioctl or a system call on its filesystem."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield fd
     finally:
         os.close(fd)
 

@@ -152,12 +152,11 @@ def receive(dst: Store, source: ShipSource, checkpoint_id: str) -> ShipReport:
     """Copies a checkpoint (and its image when needed) from `source` into `dst`; idempotent. Receives into
     one store run one at a time: a second receiver of the same checkpoint waits, then finds it there."""
     started = time.monotonic()
-    if holds(dst, checkpoint_id):
-        return ShipReport(checkpoint_id, [], None, 0, time.monotonic() - started)
-    with dst.building(), dst.receiving():  # subvolumes first, rows after: gc must wait
-        if holds(dst, checkpoint_id):
-            return ShipReport(checkpoint_id, [], None, 0, time.monotonic() - started)
-        return _receive(dst, source, checkpoint_id, started)
+    if not holds(dst, checkpoint_id):  # else no wait behind another receive
+        with dst.building(), dst.receiving():  # subvolumes first, rows after: gc must wait
+            if not holds(dst, checkpoint_id):
+                return _receive(dst, source, checkpoint_id, started)
+    return ShipReport(checkpoint_id, [], None, 0, time.monotonic() - started)
 
 
 def _receive(dst: Store, source: ShipSource, checkpoint_id: str, started: float) -> ShipReport:
