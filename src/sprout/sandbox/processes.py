@@ -13,6 +13,7 @@ from .confinement import proc_starttime, stat_fields
 
 FREEZE_TIMEOUT_S = 5.0
 KILL_ROUNDS = 5
+EXIT_WAIT_S = 5.0  # how long a kill waits for the killed to exit (one in uninterruptible I/O may take long)
 
 
 def _cgroup_pids(cgroup_procs: list[str]) -> set[int]:
@@ -180,7 +181,8 @@ class frozen:  # noqa: N801 - used like contextlib's lowercase context managers
 def kill_new_processes(profile: dict, before: set[tuple[int, int]]) -> int:
     """SIGKILLs every process of the sandbox that is not in `before` (what ran before a command began):
     the command's whole tree, whatever it did to escape it (setsid, double fork, a cleared environment).
-    The sandbox is frozen meanwhile, so nothing forks between the scan and the kill."""
+    The sandbox is frozen meanwhile, so nothing forks between the scan and the kill; on return they have
+    exited (or EXIT_WAIT_S passed)."""
     killed: set[tuple[int, int]] = set()
     with frozen(profile):
         for _ in range(KILL_ROUNDS):  # without a freezer, a process may fork while we scan
@@ -193,4 +195,12 @@ def kill_new_processes(profile: dict, before: set[tuple[int, int]]) -> int:
                 except ProcessLookupError:
                     pass
             killed |= new
+    _wait_gone(profile, killed, time.monotonic() + EXIT_WAIT_S)
     return len(killed)
+
+
+def _wait_gone(profile: dict, killed: set[tuple[int, int]], deadline: float) -> None:
+    """Waits until no killed process is listed: one is until it has exited, and a frozen one (cgroup v1)
+    cannot exit before the thaw, so a caller that scans right after the kill would still find it."""
+    while killed & processes(profile) and time.monotonic() < deadline:
+        time.sleep(0.002)
