@@ -120,9 +120,10 @@ def flush(path: Path) -> None:
 
 
 @contextmanager
-def _directory(path: Path) -> Iterator[int]:
-    """The directory open (read-only) for an ioctl or a system call on its filesystem."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+def _directory(path: Path, *, follow: bool = True) -> Iterator[int]:
+    """The directory open (read-only) for an ioctl or a system call on its filesystem; `follow` False
+    refuses a symlink as its last component (a path inside a sandbox, which the sandbox may have made one)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW))
     try:
         yield fd
     finally:
@@ -173,8 +174,7 @@ def _child_ids(fd: int, parent_id: int) -> list[int]:
 def nested_subvolume_ids(path: Path) -> list[int]:
     """Ids of the subvolumes below `path` (e.g. made inside a sandbox), deepest first. Iterative, so
     any depth of nesting works."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
+    with _directory(path, follow=False) as fd:
         found: list[int] = []
         pending = [_subvolume_id_of_fd(fd)]
         while pending:
@@ -182,8 +182,6 @@ def nested_subvolume_ids(path: Path) -> list[int]:
             found.extend(children)
             pending.extend(children)
         return found[::-1]  # every child after its parent in `found`: reversed, children come first
-    finally:
-        os.close(fd)
 
 
 def _delete_by_id(mount_fd: int, subvolume_id: int) -> None:
@@ -209,12 +207,9 @@ def delete(path: Path) -> None:
 def _delete_as_root(path: Path) -> None:
     nested = nested_subvolume_ids(path)
     if nested:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        try:
+        with _directory(path, follow=False) as fd:
             for subvolume_id in nested:
                 _delete_by_id(fd, subvolume_id)
-        finally:
-            os.close(fd)
     shell.run(["btrfs", "subvolume", "delete", str(path)], what="btrfs subvolume delete")
 
 
@@ -259,11 +254,8 @@ def nested_subvolume_paths(path: Path) -> list[Path]:
     found, pending = [], [path]
     while pending:
         top = pending.pop()
-        fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        try:
+        with _directory(top, follow=False) as fd:
             children = [top / os.fsdecode(child) for child in _child_paths(fd)]
-        finally:
-            os.close(fd)
         found += children
         pending += children
     return found[::-1]
@@ -274,23 +266,16 @@ def changed_paths(parent: Path, target: Path) -> dict[bytes, bool]:
     (relative to the subvolume, in either tree or a temporary name of the stream), each with whether the
     stream changes a file's bytes there. The kernel compares the two trees and skips the blocks they share,
     so this costs what changed, not the tree's size. Needs CAP_SYS_ADMIN (an OSError otherwise)."""
-    parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        target_fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            parent_id = _subvolume_id_of_fd(parent_fd)
-            sources = ctypes.c_uint64(parent_id)
-            with tempfile.TemporaryFile(dir="/dev/shm") as stream:
-                args = bytearray(72)
-                struct.pack_into("=qQQQQI", args, 0, stream.fileno(), 1, ctypes.addressof(sources), parent_id,
-                                 SEND_NO_FILE_DATA, 0)
-                fcntl.ioctl(target_fd, IOC_SEND, args)
-                stream.seek(0)
-                return _stream_paths(stream.read())
-        finally:
-            os.close(target_fd)
-    finally:
-        os.close(parent_fd)
+    with _directory(parent, follow=False) as parent_fd, _directory(target, follow=False) as target_fd:
+        parent_id = _subvolume_id_of_fd(parent_fd)
+        sources = ctypes.c_uint64(parent_id)
+        with tempfile.TemporaryFile(dir="/dev/shm") as stream:
+            args = bytearray(72)
+            struct.pack_into("=qQQQQI", args, 0, stream.fileno(), 1, ctypes.addressof(sources), parent_id,
+                             SEND_NO_FILE_DATA, 0)
+            fcntl.ioctl(target_fd, IOC_SEND, args)
+            stream.seek(0)
+            return _stream_paths(stream.read())
 
 
 def _stream_paths(stream: bytes) -> dict[bytes, bool]:
