@@ -29,6 +29,15 @@ REPO = Path(__file__).resolve().parents[1]
 RUNTIME_BIN = REPO / "runtime" / "sprout-runtime"
 PYTHON_IMAGE = "docker.io/library/python:3.11-slim"
 DEBIAN_IMAGE = "docker.io/library/debian:bookworm"
+# A process whose main thread exits at once while another thread runs on: it reads as a zombie in /proc
+MAIN_THREAD_EXITS = """\
+import ctypes, threading, time
+def run():
+    while True:
+        time.sleep(0.05)
+threading.Thread(target=run).start()
+ctypes.CDLL(None).syscall(60, 0)  # SYS_exit ends the calling thread only
+"""
 
 
 def pytest_configure(config: pytest.Config) -> None:

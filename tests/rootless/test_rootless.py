@@ -18,7 +18,7 @@ import pytest
 from sprout import rootless
 from sprout.sandbox import Store, btrfs, confinement, processes
 from sprout.sandbox.errors import TransferError
-from tests.conftest import DEBIAN_IMAGE, PYTHON_IMAGE, REPO, RUNTIME_BIN
+from tests.conftest import DEBIAN_IMAGE, MAIN_THREAD_EXITS, PYTHON_IMAGE, REPO, RUNTIME_BIN
 
 pytestmark = pytest.mark.rootless
 
@@ -96,6 +96,33 @@ def test_a_timeout_kills_what_the_command_left_behind(store: Store):
     assert result.exit_code == 124 and time.monotonic() - started < 30
     assert processes.processes(profile) == before
     assert sandbox.exec("echo still here").output == "still here\n"
+
+
+def test_a_process_whose_main_thread_exited_is_killed_at_a_timeout_and_stopped_by_a_freeze(store: Store):
+    """Rootless, a sandbox's processes are found in /proc by PID namespace, and zombies are left out. A
+    process whose main thread exited reads as one there while its other threads run on: a timeout must
+    still kill it and a freeze (a checkpoint's) stop it."""
+    sandbox = store.create_sandbox(PYTHON_IMAGE)
+    profile = confinement.read(sandbox.profile_path)
+    sandbox.exec(["python3", "-c", "import sys; open('/root/t.py', 'w').write(sys.argv[1])", MAIN_THREAD_EXITS])
+    before = processes.processes(profile)
+    assert sandbox.exec("(setsid python3 /root/t.py &) ; sleep 1 ; sleep 1000", timeout=3).timed_out
+    assert processes.processes(profile) == before
+    assert "python3" not in sandbox.exec("cat /proc/[0-9]*/task/*/comm").output
+    sandbox.exec("(setsid python3 /root/t.py &) ; sleep 1")
+    [(escaped, _start)] = processes.processes(profile) - before  # its running thread keeps it in the list
+    with processes.frozen(profile) as ok:
+        assert ok and _thread_states(escaped) == "TZ"
+    assert _thread_states(escaped) in ("RZ", "SZ")
+
+
+def _thread_states(pid: int) -> str:
+    """The state letters of the process's threads, sorted."""
+    states = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        stat = Path(f"/proc/{pid}/task/{tid}/stat").read_bytes()
+        states.append(chr(stat[stat.rindex(b")") + 2]))
+    return "".join(sorted(states))
 
 
 def test_host_side_reads_resolve_links_inside_the_sandbox_and_refuse_fifos(store: Store):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sprout.sandbox import SandboxStateError, Store, btrfs
-from tests.conftest import PYTHON_IMAGE, RUNTIME_BIN, every_backend, removing_what_is_made
+from tests.conftest import MAIN_THREAD_EXITS, PYTHON_IMAGE, RUNTIME_BIN, every_backend, removing_what_is_made
 
 SUBVOL_CREATE = 0x5000940E  # BTRFS_IOC_SUBVOL_CREATE: a default container (no CAP_SYS_ADMIN) may call it
 
@@ -134,6 +134,18 @@ def test_timeout_kills_what_escaped_the_session_and_the_environment(store):
     assert "sleep 999" in running
     for leftover in ("sleep 1000", "sleep 1002", "sleep 1003", "sleep 1004"):
         assert leftover not in running, running
+
+
+@every_backend
+def test_timeout_kills_a_process_whose_main_thread_exited(store):
+    """A process whose main thread exited reads as a zombie while its other threads run on: a timeout must
+    kill it too (the microVM agent, and rootless sandboxes (tests/rootless), find processes in /proc, where
+    zombies are skipped)."""
+    sb = store.create_sandbox(PYTHON_IMAGE)
+    sb.exec(["python3", "-c", "import sys; open('/root/t.py', 'w').write(sys.argv[1])", MAIN_THREAD_EXITS])
+    result = sb.exec("(setsid python3 /root/t.py &) ; sleep 1 ; sleep 1000", timeout=3)
+    assert result.timed_out and result.exit_code == 124
+    assert "python3" not in sb.exec("cat /proc/[0-9]*/task/*/comm").output
 
 
 WRITER = textwrap.dedent("""\

@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -81,6 +82,24 @@ def test_timeout_kills_the_whole_process_tree(store):
     assert time.monotonic() - started < 10
     survivors = sb.exec("cat /proc/[0-9]*/cmdline | tr '\\0' ' '").output
     assert "sleep 30" not in survivors, survivors
+
+
+@every_backend
+def test_a_timeout_or_cancel_before_the_command_entered_the_sandbox_still_stops_it(store):
+    """A timeout or a cancel that comes while the client is still entering the sandbox (`podman exec` takes
+    ~0.1 s, seconds under load) finds nothing to kill yet: the command must still be killed once it is
+    there, not run on. A cancel set before the call (an exec that waited for a thread) runs nothing."""
+    sb = store.create_sandbox(DEBIAN_IMAGE)
+    started = time.monotonic()
+    assert sb.exec("sleep 13", timeout=0.001).timed_out
+    cancel = threading.Event()
+    threading.Timer(0.001, cancel.set).start()
+    sb.exec("sleep 14", cancel=cancel)
+    assert time.monotonic() - started < 10  # the cancelled sleep did not run to its end
+    assert sb.exec("echo ran > /tmp/ran", cancel=cancel).timed_out
+    left = sb.exec("cat /proc/[0-9]*/cmdline | tr '\\0' ' '").output
+    assert "sleep 13" not in left and "sleep 14" not in left, left
+    assert sb.exec("test -e /tmp/ran").exit_code == 1
 
 
 def _named_then_exec(name: str) -> subprocess.Popen:

@@ -25,6 +25,7 @@ TIMEOUT_EXIT_CODE = 124
 EXIT_GRACE_S = 0.05  # output still buffered when the command exits is read within this
 CLIENT_EXIT_S = 5.0  # how long `podman exec` may take to return once its command's processes are killed
 CANCEL_POLL_S = 0.05  # how often a command's cancel watcher looks at its event
+KILL_AGAIN_S = 0.05  # after a timeout, how often what the command started is killed again while its client runs
 
 
 @dataclass
@@ -126,9 +127,7 @@ def _run_client(cmd: list[str], profile: dict, timeout: float | None, max_output
         reader, timed_out = _drain(proc, max_output, deadline)
         timed_out = timed_out or not _exits_by(proc, deadline)
         if timed_out:
-            kill_new_processes(profile, before)
-            if not _exits_by(proc, time.monotonic() + CLIENT_EXIT_S):
-                proc.kill()  # `podman exec` itself hung, e.g. reading a FIFO the agent left as /etc/passwd
+            _kill_until_exited(proc, profile, before)
         proc.wait()
     except BaseException:
         kill_new_processes(profile, before)
@@ -146,10 +145,12 @@ def _run_client(cmd: list[str], profile: dict, timeout: float | None, max_output
 
 
 @contextmanager
-def on_cancel(cancel: threading.Event | None, action: Callable[[], object], name: str) -> Iterator[None]:
-    """While the body runs, `action` runs (once, in a thread called `name`) if `cancel` is set: it ends a
-    command blocked in the sandbox. Leaving waits for an action under way, never for the watcher's next
-    look (a join would add up to one poll interval to every command)."""
+def on_cancel(cancel: threading.Event | None, action: Callable[[], object], name: str, *,
+              repeat: bool = False) -> Iterator[None]:
+    """While the body runs, `action` runs (in a thread called `name`) once `cancel` is set: it ends a
+    command blocked in the sandbox. With `repeat` it runs again every CANCEL_POLL_S until the body ends
+    (a command still entering the sandbox when it first ran starts after it). Leaving waits for an action
+    under way, never for the watcher's next look (a join would add up to one poll interval to every command)."""
     if cancel is None:
         yield
         return
@@ -161,7 +162,8 @@ def on_cancel(cancel: threading.Event | None, action: Callable[[], object], name
                 with acting:
                     if not done.is_set():
                         action()
-                return
+                if not repeat or done.wait(CANCEL_POLL_S):
+                    return
 
     threading.Thread(target=watch, name=name, daemon=True).start()
     try:
@@ -169,6 +171,23 @@ def on_cancel(cancel: threading.Event | None, action: Callable[[], object], name
     finally:
         with acting:  # an action under way finishes first; none starts after
             done.set()
+
+
+def _kill_until_exited(proc: subprocess.Popen, profile: dict, before: set[tuple[int, int]]) -> None:
+    """Kills what the command started, again until its client exits: a client still entering the sandbox
+    at the timeout (`podman exec` takes 0.1 s, seconds under load) starts the command after a kill that
+    found nothing. A client still there after CLIENT_EXIT_S is killed itself (`podman exec` blocked, e.g.
+    reading a FIFO the agent left as /etc/passwd), and what it started once more."""
+    end = time.monotonic() + CLIENT_EXIT_S
+    while True:
+        kill_new_processes(profile, before)
+        if _exits_by(proc, min(end, time.monotonic() + KILL_AGAIN_S)):
+            return
+        if time.monotonic() >= end:
+            proc.kill()
+            proc.wait()
+            kill_new_processes(profile, before)
+            return
 
 
 def _exits_by(proc: subprocess.Popen, deadline: float | None) -> bool:

@@ -8,8 +8,9 @@ import fcntl
 import os
 import signal
 import time
+from pathlib import Path
 
-from .confinement import proc_starttime, stat_fields
+from .confinement import proc_starttime
 
 FREEZE_TIMEOUT_S = 5.0
 KILL_ROUNDS = 5
@@ -41,7 +42,7 @@ def _namespace_pids(init_pid: int) -> set[int]:
     if namespace is None:
         return set()
     return {int(entry) for entry in os.listdir("/proc")
-            if entry.isdigit() and _pid_namespace(int(entry)) == namespace and _state(int(entry)) not in "ZX"}
+            if entry.isdigit() and _pid_namespace(int(entry)) == namespace and _live(int(entry))}
 
 
 def _pids(profile: dict) -> set[int]:
@@ -108,11 +109,13 @@ class _Stopped:
     def stop(self, timeout_s: float) -> bool:
         namespace, deadline = _pid_namespace(self.init_pid), time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            # settled is read before the scan: a child forked before its parent stopped is in the scan
+            settled = all(_stopped(pid) for pid in self.pidfds)
             new = _namespace_pids(self.init_pid) - self.seen
             for pid in new:
                 self._stop(pid, namespace)
             self.seen |= new
-            if not new and all(_state(pid) in "TtZX" for pid in self.pidfds):
+            if settled and not new:
                 return True
             time.sleep(0.0002)
         self.resume()
@@ -123,7 +126,7 @@ class _Stopped:
             pidfd = os.pidfd_open(pid)
         except OSError:
             return
-        if _pid_namespace(pid) != namespace or _state(pid) in "TtZX":  # not the sandbox's, or stopped by it
+        if _pid_namespace(pid) != namespace or _stopped(pid):  # not the sandbox's, or stopped by it
             os.close(pidfd)
             return
         self.pidfds[pid] = pidfd
@@ -138,12 +141,34 @@ class _Stopped:
         self.pidfds, self.seen = {}, set()
 
 
-def _state(pid: int) -> str:
-    """The process's state letter (R, S, D, T, Z, ...); X when it is gone."""
+def _state(entry: str) -> str:
+    """The state letter (R, S, D, T, Z, ...) in /proc/ENTRY/stat, of a process (ENTRY a pid) or of one of
+    its threads (PID/task/TID); X when it is gone."""
     try:
-        return stat_fields(pid)[0].decode()
+        stat = Path(f"/proc/{entry}/stat").read_bytes()
+        return chr(stat[stat.rindex(b")") + 2])
     except (OSError, ValueError, IndexError):
         return "X"
+
+
+def _thread_states(pid: int) -> list[str]:
+    """The state letter of each of the process's threads ([] when it is gone)."""
+    try:
+        return [_state(f"{pid}/task/{tid}") for tid in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+
+
+def _live(pid: int) -> bool:
+    """Whether the process runs: not a zombie, unless only its main thread exited (pthread_exit), which
+    reads as one in /proc/PID/stat while its other threads run on."""
+    state = _state(str(pid))
+    return state not in "ZX" or (state == "Z" and any(s not in "ZX" for s in _thread_states(pid)))
+
+
+def _stopped(pid: int) -> bool:
+    """Whether every thread of the process is stopped or gone (a SIGSTOP stops them one by one)."""
+    return all(s in "TtZX" for s in _thread_states(pid))
 
 
 class frozen:  # noqa: N801 - used like contextlib's lowercase context managers

@@ -86,6 +86,8 @@ class ContainerBackend:
         """Through the store's runtime when it has one, else `podman exec`. Setting `cancel` kills every
         process the sandbox started since the command began, as its timeout would."""
         profile = _running_profile(sandbox)
+        if cancel is not None and cancel.is_set():  # cancelled while it waited for a thread: not run at all
+            return ExecResult(output="", exit_code=execution.TIMEOUT_EXIT_CODE, duration=0.0, timed_out=True)
         with _killed_on(cancel, profile):
             runtime_bin = sandbox.store.runtime_bin
             if runtime_bin is not None and profile["seccomp_unread"]:
@@ -154,12 +156,13 @@ def _running_profile(sandbox: "Sandbox") -> dict:
 @contextmanager
 def _killed_on(cancel: threading.Event | None, profile: dict) -> Iterator[None]:
     """While the body runs, a set `cancel` kills every process the sandbox started since it began (frozen
-    first, so none forks meanwhile), which ends a blocked command."""
+    first, so none forks meanwhile), which ends a blocked command; again until the body ends, since the
+    client may still be entering the sandbox when the cancel comes."""
     if cancel is None:
         yield
         return
     before = processes.processes(profile)
-    with execution.on_cancel(cancel, lambda: processes.kill_new_processes(profile, before), "exec-cancel"):
+    with execution.on_cancel(cancel, lambda: processes.kill_new_processes(profile, before), "exec-cancel", repeat=True):
         yield
 
 

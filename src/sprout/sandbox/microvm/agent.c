@@ -122,6 +122,19 @@ static void reap(void) {
 
 typedef struct { int pid; unsigned long long start; } proc_id;
 
+/* Whether a process that reads as a zombie still has a thread running: its main thread exited
+ * (pthread_exit, SYS_exit) and the others run on. */
+static int has_live_threads(int pid) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", pid);
+    DIR *tasks = opendir(path);
+    struct dirent *entry;
+    int count = 0;
+    while (tasks && (entry = readdir(tasks))) count += entry->d_name[0] != '.';
+    if (tasks) closedir(tasks);
+    return count > 1;
+}
+
 /* The guest's processes but the agent, kernel threads and zombies, as (pid, start time). */
 static int list_procs(proc_id *out) {
     int count = 0;
@@ -142,7 +155,7 @@ static int list_procs(proc_id *out) {
         unsigned long long start;
         if (!rest || sscanf(rest + 2, "%c %d %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %llu",
                             &state, &ppid, &start) != 3) continue;
-        if (state == 'Z' || ppid == 2) continue;
+        if ((state == 'Z' && !has_live_threads(pid)) || ppid == 2) continue;
         out[count++] = (proc_id){pid, start};
     }
     if (proc) closedir(proc);
