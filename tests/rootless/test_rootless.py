@@ -118,11 +118,7 @@ def test_a_process_whose_main_thread_exited_is_killed_at_a_timeout_and_stopped_b
 
 def _thread_states(pid: int) -> str:
     """The state letters of the process's threads, sorted."""
-    states = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        stat = Path(f"/proc/{pid}/task/{tid}/stat").read_bytes()
-        states.append(chr(stat[stat.rindex(b")") + 2]))
-    return "".join(sorted(states))
+    return "".join(sorted(_state(f"{pid}/task/{tid}") for tid in os.listdir(f"/proc/{pid}/task")))
 
 
 def test_host_side_reads_resolve_links_inside_the_sandbox_and_refuse_fifos(store: Store):
@@ -166,7 +162,8 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-def _state(pid: int) -> str:
+def _state(pid: int | str) -> str:
+    """The state letter in /proc/PID/stat (or PID/task/TID, a thread's)."""
     stat = Path(f"/proc/{pid}/stat").read_bytes()
     return chr(stat[stat.rindex(b")") + 2])
 

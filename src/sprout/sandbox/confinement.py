@@ -38,8 +38,9 @@ def runc_state(container_id: str) -> dict | None:
     return None
 
 
-def stat_fields(pid: int) -> list[bytes]:
-    """/proc/PID/stat's fields from the third on (after the command name, which may hold spaces)."""
+def stat_fields(pid: int | str) -> list[bytes]:
+    """/proc/PID/stat's fields from the third on (after the command name, which may hold spaces); `pid`
+    may also be PID/task/TID, one thread's."""
     stat = Path(f"/proc/{pid}/stat").read_bytes()
     return stat[stat.rindex(b")") + 2:].split()
 

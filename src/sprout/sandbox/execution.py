@@ -36,6 +36,11 @@ class ExecResult:
     timed_out: bool = False
     truncated: bool = False
 
+    @classmethod
+    def cancelled_before_start(cls) -> "ExecResult":
+        """An exec whose cancel was set before it began (it waited for a thread): nothing ran."""
+        return cls(output="", exit_code=TIMEOUT_EXIT_CODE, duration=0.0, timed_out=True)
+
 
 class CappedReader:
     """Keeps the head and the tail of a stream, dropping the middle past `limit` bytes."""

@@ -106,11 +106,13 @@ def image_info(name: str) -> dict | None:
 def _images_version() -> tuple[int, int] | None:
     """The images file's (mtime, size), None when it cannot be read (nothing is kept then)."""
     images_file = _images_file()
+    if images_file is None:
+        return None
     try:
-        stat = images_file.stat() if images_file is not None else None
+        stat = images_file.stat()
     except OSError:
         return None
-    return (stat.st_mtime_ns, stat.st_size) if stat is not None else None
+    return stat.st_mtime_ns, stat.st_size
 
 
 def inspect_image(name: str) -> ImageConfig:

@@ -8,9 +8,8 @@ import fcntl
 import os
 import signal
 import time
-from pathlib import Path
 
-from .confinement import proc_starttime
+from .confinement import proc_starttime, stat_fields
 
 FREEZE_TIMEOUT_S = 5.0
 KILL_ROUNDS = 5
@@ -145,8 +144,7 @@ def _state(entry: str) -> str:
     """The state letter (R, S, D, T, Z, ...) in /proc/ENTRY/stat, of a process (ENTRY a pid) or of one of
     its threads (PID/task/TID); X when it is gone."""
     try:
-        stat = Path(f"/proc/{entry}/stat").read_bytes()
-        return chr(stat[stat.rindex(b")") + 2])
+        return stat_fields(entry)[0].decode()
     except (OSError, ValueError, IndexError):
         return "X"
 

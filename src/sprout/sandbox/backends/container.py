@@ -86,8 +86,8 @@ class ContainerBackend:
         """Through the store's runtime when it has one, else `podman exec`. Setting `cancel` kills every
         process the sandbox started since the command began, as its timeout would."""
         profile = _running_profile(sandbox)
-        if cancel is not None and cancel.is_set():  # cancelled while it waited for a thread: not run at all
-            return ExecResult(output="", exit_code=execution.TIMEOUT_EXIT_CODE, duration=0.0, timed_out=True)
+        if cancel is not None and cancel.is_set():
+            return ExecResult.cancelled_before_start()
         with _killed_on(cancel, profile):
             runtime_bin = sandbox.store.runtime_bin
             if runtime_bin is not None and profile["seccomp_unread"]:

@@ -268,7 +268,7 @@ class MicroVM:
         allowed = timeout + ANSWER_GRACE_S if timeout is not None else NO_DEADLINE_S
         with self._agent(min(allowed, REQUEST_TIMEOUT_S)) as channel:
             if cancel is not None and cancel.is_set():  # cancelled while it waited for the agent
-                return ExecResult(output="", exit_code=TIMEOUT_EXIT_CODE, duration=0.0, timed_out=True)
+                return ExecResult.cancelled_before_start()
             started = time.monotonic()
             deadline = started + allowed
             channel.send("R", b"\0".join(f.encode() for f in fields) + b"\0")
