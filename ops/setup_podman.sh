@@ -19,6 +19,7 @@
 #   SPROUT_STORE_SIZE  size of its sparse loop file when the path is not on btrfs (default 40G)
 #   SPROUT_STORE_MIN_FREE_GB  the loop file grows when the store has less free than this (default 10)
 #   SPROUT_PYTHON      the Python 3.12 to build .venv with (default: found via pyenv / PATH)
+#   SPROUT_CGROUP_FAVORDYNMODS  0: leave the cgroup2 mount's options alone (default 1: favordynmods on)
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -38,16 +39,19 @@ as_root() {  # a command that needs root: sudo when rootless
   if [ "$ROOTLESS" = 1 ]; then sudo "$@"; else "$@"; fi
 }
 die() { printf 'FAIL  %s\n' "$1" >&2; exit 1; }
+fstype() { stat -f -c %T "$1" 2>/dev/null || echo none; }
 trap 'die "step failed at line $LINENO: $BASH_COMMAND"' ERR
 
 for arg in "$@"; do
   case "$arg" in
     --microvm) MICROVM=1 ;;
     --dev) DEV=1 ;;
-    -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) die "unknown option $arg (ops/setup_podman.sh [--microvm] [--dev])" ;;
   esac
 done
+FAVORDYNMODS="${SPROUT_CGROUP_FAVORDYNMODS:-1}"
+[[ "$FAVORDYNMODS" =~ ^[01]$ ]] || die "SPROUT_CGROUP_FAVORDYNMODS=$FAVORDYNMODS: use 0 to leave the cgroup2 mount alone, 1 (the default) for favordynmods"
 [[ "$MICROVM" =~ ^[01]$ ]] || die "SPROUT_MICROVM=$MICROVM: use 1 (or --microvm) for the microVM backend, 0 for none"
 
 EXTRAS="mini,harbor,runstore,proxy"  # proxy: the bundled LiteLLM proxy
@@ -130,6 +134,35 @@ podman info --format '{{.Host.OCIRuntime.Name}}' >/dev/null 2>&1 \
   || die "podman does not run: $(podman info 2>&1 | tail -1)"
 say ok "podman runs: $(podman --version), runtime $(podman info --format '{{.Host.OCIRuntime.Name}}')"
 
+# ---------------------------------------------------------------- cgroup favordynmods
+# A command through sprout-runtime, and runc as a container starts, joins the sandbox's cgroups by writing
+# their cgroup.procs. By default the kernel makes such a write wait for an RCU grace period when none came
+# just before: an agent's every command, issued after its model call, waited ~10 ms for it here. The cgroup2
+# mount's favordynmods option (Linux 6.0+) removes the wait, for the whole host, at what the kernel
+# documents as a slightly dearer fork and exit (not measurable here). It lasts until the next boot.
+# SPROUT_CGROUP_FAVORDYNMODS=0 leaves the mount alone.
+cgroup2=""
+for point in /sys/fs/cgroup /sys/fs/cgroup/unified; do
+  if [ "$(fstype "$point")" = cgroup2fs ]; then cgroup2=$point; break; fi
+done
+has_favordynmods() {
+  awk -v m="$cgroup2" '$2 == m && $3 == "cgroup2" && ("," $4 ",") ~ /,favordynmods,/ {found = 1} END {exit !found}' /proc/mounts
+}
+if [ "$ROOTLESS" = 1 ]; then
+  say skip "cgroup favordynmods: rootless sandboxes join no cgroups of their own"
+elif [ "$FAVORDYNMODS" = 0 ]; then
+  say skip "cgroup favordynmods: left alone (SPROUT_CGROUP_FAVORDYNMODS=0)"
+elif [ -z "$cgroup2" ]; then
+  say skip "cgroup favordynmods: no cgroup2 mount (cgroup v1 only)"
+elif has_favordynmods; then
+  say ok "cgroup favordynmods: on ($cgroup2)"
+elif why=$(mount -o remount,favordynmods "$cgroup2" 2>&1) && has_favordynmods; then
+  say done "cgroup favordynmods: on ($cgroup2) until the next boot; commands join their sandbox's cgroups without waiting"
+else
+  why=${why%%$'\n'*}; why=${why%.}
+  say skip "cgroup favordynmods: cannot remount $cgroup2 with it (${why:-the option did not stay}; Linux 6.0+ has it), so each command waits ~10 ms to join its cgroups"
+fi
+
 # ---------------------------------------------------------------- local registry (tests, --dev)
 # The tests pull images from Debian's docker-registry (distribution v2), which tests/registry.py starts
 # per test session on 127.0.0.1:<free port> with its own config. The package's own service (:5000,
@@ -172,7 +205,6 @@ else
 fi
 
 # ---------------------------------------------------------------- btrfs store
-fstype() { stat -f -c %T "$1" 2>/dev/null || echo none; }
 MOUNT_OPTIONS="loop,noatime"
 [ "$ROOTLESS" = 1 ] && MOUNT_OPTIONS="$MOUNT_OPTIONS,user_subvol_rm_allowed"
 mkdir -p "$STORE"

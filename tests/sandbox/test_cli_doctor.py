@@ -6,6 +6,7 @@ import subprocess
 import sys
 import uuid
 from dataclasses import replace
+from pathlib import Path
 from unittest.mock import patch
 
 from sprout.sandbox import Store
@@ -63,6 +64,19 @@ def test_doctor_passes_on_this_host():
     assert ("offline stand-ins" in bases) == stand_in(DEBIAN_IMAGE)  # this host's are, where no registry answers
     if stand_in(DEBIAN_IMAGE):
         assert "debian:bookworm" in bases.split("stand-ins", 1)[1]
+
+
+def test_set_up_hosts_join_cgroups_without_waiting_and_doctor_says_so():
+    """ops/setup_podman.sh mounts cgroup2 with favordynmods where the kernel takes it (Linux 6.0+), so a
+    command's join of its sandbox's cgroups does not wait for an RCU grace period; doctor reports the state."""
+    mounts = [line.split() for line in Path("/proc/mounts").read_text().splitlines()]
+    cgroup2 = next(m for m in mounts if m[2] == "cgroup2" and m[1] in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"))
+    on = "favordynmods" in cgroup2[3].split(",")
+    kernel = tuple(int(part) for part in os.uname().release.split(".")[:2])
+    if kernel >= (6, 0) and os.environ.get("SPROUT_CGROUP_FAVORDYNMODS") != "0":
+        assert on, f"{cgroup2[1]} is mounted without favordynmods: {cgroup2[3]}"
+    detail = doctor._cgroups().detail
+    assert ("favordynmods on" in detail) == on and ("favordynmods off" in detail) == (not on)
 
 
 def test_doctor_fails_clearly_when_the_store_is_missing(tmp_path):

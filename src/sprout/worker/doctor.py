@@ -112,8 +112,29 @@ def _cgroups() -> Check:
         mode = "v1 legacy"
     config = settings()
     ok = config.oci_runtime != "crun" or kind == "cgroup2fs"
-    detail = f"{mode}; Sprout uses {config.oci_runtime} + {config.cgroup_manager}"
+    detail = f"{mode}; Sprout uses {config.oci_runtime} + {config.cgroup_manager}{_favordynmods()}"
     return Check("cgroups", ok, detail if ok else f"{detail}: crun fails on cgroup v1, set SPROUT_OCI_RUNTIME=runc")
+
+
+def cgroup2_favordynmods() -> bool | None:
+    """Whether the cgroup2 mount has favordynmods (None: no cgroup2 mount). With it a command joins its
+    sandbox's cgroups without waiting for an RCU grace period; ops/setup_podman.sh turns it on."""
+    for line in Path("/proc/mounts").read_text().splitlines():
+        _, point, kind, options, *_ = line.split()
+        if kind == "cgroup2" and point in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+            return "favordynmods" in options.split(",")
+    return None
+
+
+def _favordynmods() -> str:
+    """What doctor's cgroups line says of it; nothing rootless, where commands join no cgroups."""
+    on = None if rootless.active() else cgroup2_favordynmods()
+    if on is None:
+        return ""
+    if on:
+        return "; favordynmods on: commands join their sandbox's cgroups without waiting"
+    return ("; favordynmods off: each command waits ~10 ms for an RCU grace period to join its sandbox's "
+            "cgroups (ops/setup_podman.sh turns it on until the next boot)")
 
 
 def _rlimits() -> Check:
