@@ -88,19 +88,18 @@ class ContainerBackend:
         profile = _running_profile(sandbox)
         if cancel is not None and cancel.is_set():
             return ExecResult.cancelled_before_start()
-        with _killed_on(cancel, profile):
-            runtime_bin = sandbox.store.runtime_bin
-            if runtime_bin is not None and profile["seccomp_unread"]:
-                rootless.say_once("commands run through `podman exec`: sprout-runtime cannot load a seccomp "
-                                  "filter that it cannot read or reproduce exactly (one whose default is not ENOSYS)")
-            elif runtime_bin is not None:
-                identity = users.resolve(sandbox.path, user) if user is not None else None
-                return execution.run_via_runtime(runtime_bin, sandbox.profile_path, profile, argv, cwd, env,
-                                                 identity, timeout, max_output)
-            _check_regular_users(sandbox.path, "run a command through `podman exec` in")
-            return execution.run_via_podman(sandbox.container, profile, argv, cwd,
-                                            str(user) if user is not None else sandbox.image.config.user, env,
-                                            timeout, max_output)
+        runtime_bin = sandbox.store.runtime_bin
+        if runtime_bin is not None and profile["seccomp_unread"]:
+            rootless.say_once("commands run through `podman exec`: sprout-runtime cannot load a seccomp "
+                              "filter that it cannot read or reproduce exactly (one whose default is not ENOSYS)")
+        elif runtime_bin is not None:
+            identity = users.resolve(sandbox.path, user) if user is not None else None
+            return execution.run_via_runtime(runtime_bin, sandbox.profile_path, profile, argv, cwd, env,
+                                             identity, timeout, max_output, cancel)
+        _check_regular_users(sandbox.path, "run a command through `podman exec` in")
+        return execution.run_via_podman(sandbox.container, profile, argv, cwd,
+                                        str(user) if user is not None else sandbox.image.config.user, env,
+                                        timeout, max_output, cancel)
 
     def snapshot(self, sandbox: "Sandbox", dest: Path, *, memory: bool) -> None:
         if memory:
@@ -151,19 +150,6 @@ def _running_profile(sandbox: "Sandbox") -> dict:
     if profile is None:
         raise SandboxStateError(f"sandbox {sandbox.id} is not running (start it: sprout sandbox start {sandbox.id})")
     return profile
-
-
-@contextmanager
-def _killed_on(cancel: threading.Event | None, profile: dict) -> Iterator[None]:
-    """While the body runs, a set `cancel` kills every process the sandbox started since it began (frozen
-    first, so none forks meanwhile), which ends a blocked command; again until the body ends, since the
-    client may still be entering the sandbox when the cancel comes."""
-    if cancel is None:
-        yield
-        return
-    before = processes.processes(profile)
-    with execution.on_cancel(cancel, lambda: processes.kill_new_processes(profile, before), "exec-cancel", repeat=True):
-        yield
 
 
 def _check_regular_users(root: Path, doing: str) -> None:
