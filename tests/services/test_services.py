@@ -193,10 +193,12 @@ def test_gate_through_the_run_store_gives_the_in_process_summary(tmp_path):
                            timeout=600, env=base_env)
     assert remote.returncode == local.returncode == 1, remote.stdout + remote.stderr  # fixtures fail on purpose
 
+    def reward(attempt: dict | None) -> float | str | None:  # an attempt that could not be graded: its error
+        return attempt and (attempt["grade"]["reward"] if attempt["grade"] else f"error: {attempt['error']}")
+
     def verdicts(path: Path) -> dict:
         summary = json.loads((path / "summary.json").read_text())
-        return {r["task"]: (r["verdict"], r["oracle"] and r["oracle"]["grade"]["reward"],
-                            r["nop"] and r["nop"]["grade"]["reward"]) for r in summary["results"]}
+        return {r["task"]: (r["verdict"], reward(r["oracle"]), reward(r["nop"])) for r in summary["results"]}
 
     assert verdicts(tmp_path / "remote") == verdicts(tmp_path / "local")
     assert verdicts(tmp_path / "local")["py-bugfix"] == ("pass", 1.0, 0.0)
