@@ -39,6 +39,16 @@ threading.Thread(target=run).start()
 ctypes.CDLL(None).syscall(60, 0)  # SYS_exit ends the calling thread only
 """
 
+# A process that vforks a child which stops itself before its exec: the parent waits for the child (state D)
+# and cannot stop meanwhile. Only a test may let a vfork child run Python; the parent never resumes here.
+VFORK_CHILD_STOPS = """\
+import ctypes, signal
+libc = ctypes.CDLL(None)
+if libc.vfork() == 0:
+    getattr(libc, "raise")(signal.SIGSTOP)
+    libc._exit(0)
+"""
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """A user without root runs the tests inside podman's user namespace, as the `sprout` command runs."""

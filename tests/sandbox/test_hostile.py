@@ -11,8 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from sprout.sandbox import SandboxStateError, Store, btrfs
-from tests.conftest import MAIN_THREAD_EXITS, PYTHON_IMAGE, RUNTIME_BIN, every_backend, removing_what_is_made
+from sprout.sandbox import SandboxStateError, Store, btrfs, processes
+from tests.conftest import (
+    MAIN_THREAD_EXITS,
+    PYTHON_IMAGE,
+    RUNTIME_BIN,
+    VFORK_CHILD_STOPS,
+    every_backend,
+    removing_what_is_made,
+)
 
 SUBVOL_CREATE = 0x5000940E  # BTRFS_IOC_SUBVOL_CREATE: a default container (no CAP_SYS_ADMIN) may call it
 
@@ -160,6 +167,21 @@ WRITER = textwrap.dedent("""\
                 f.write(str(n).encode() * 20000)
             os.rename('/root/data.tmp', '/root/data')
 """)
+
+
+@pytest.mark.rootless
+def test_a_checkpoint_does_not_wait_for_a_parent_whose_vfork_child_stopped_before_its_exec(rt_store):
+    """A vfork parent cannot stop until its child execs or exits. A child stopped before its exec (by itself,
+    as here, or by a rootless freeze's SIGSTOP landing between posix_spawn's clone and exec) must not make
+    every checkpoint wait for the parent, time out and fail."""
+    sb = rt_store.create_sandbox(PYTHON_IMAGE)
+    sb.exec(["python3", "-c", "import sys; open('/root/v.py', 'w').write(sys.argv[1])", VFORK_CHILD_STOPS])
+    sb.exec("(setsid python3 /root/v.py >/dev/null 2>&1 &); sleep 1")
+    states = sb.exec("for s in /proc/[0-9]*/stat; do read -r _ comm state _ < $s; echo $comm $state; done").output
+    assert sorted(line for line in states.splitlines() if "python3" in line) == ["(python3) D", "(python3) T"]
+    started = time.monotonic()
+    sb.checkpoint()
+    assert time.monotonic() - started < processes.FREEZE_TIMEOUT_S
 
 
 @pytest.mark.rootless

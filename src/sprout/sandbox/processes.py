@@ -4,16 +4,21 @@ did to escape its parent (setsid, double forks, a cleared environment). Commands
 cancelled with this, whichever way they entered the sandbox."""
 
 import contextlib
+import ctypes
 import fcntl
 import os
 import signal
 import time
+from collections.abc import Iterable
 
 from .confinement import proc_starttime, stat_fields
 
 FREEZE_TIMEOUT_S = 5.0
 KILL_ROUNDS = 5
 EXIT_WAIT_S = 5.0  # how long a kill waits for the killed to exit (one in uninterruptible I/O may take long)
+KCMP_VM = 1
+_SYS_KCMP = {"x86_64": 312, "aarch64": 272}.get(os.uname().machine)
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def _cgroup_pids(cgroup_procs: list[str]) -> set[int]:
@@ -109,7 +114,7 @@ class _Stopped:
         namespace, deadline = _pid_namespace(self.init_pid), time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             # settled is read before the scan: a child forked before its parent stopped is in the scan
-            settled = all(_stopped(pid) for pid in self.pidfds)
+            settled = all(_stopped(pid) or _waits_for_stopped_vfork(pid, self.seen) for pid in self.pidfds)
             new = _namespace_pids(self.init_pid) - self.seen
             for pid in new:
                 self._stop(pid, namespace)
@@ -167,6 +172,34 @@ def _live(pid: int) -> bool:
 def _stopped(pid: int) -> bool:
     """Whether every thread of the process is stopped or gone (a SIGSTOP stops them one by one)."""
     return all(s in "TtZX" for s in _thread_states(pid))
+
+
+def _waits_for_stopped_vfork(pid: int, pids: Iterable[int]) -> bool:
+    """Whether the process waits for a vfork child (posix_spawn's too) that is stopped before its exec: it
+    cannot run, nor stop, until that child execs or exits (it reads as D), so it counts as stopped, as the
+    kernel's cgroup freezer counts it frozen. Its child shares its memory (kcmp), which no other child does.
+    (In a process with threads, the one that vforked reads as D and the others stop.)"""
+    unstopped = [state for state in _thread_states(pid) if state not in "TtZX"]
+    if not unstopped or any(state != "D" for state in unstopped):
+        return False
+    return any(child != pid and _parent(child) == pid and _stopped(child) and _shares_memory(pid, child)
+               for child in pids)
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(stat_fields(pid)[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _shares_memory(a: int, b: int) -> bool:
+    """Whether two processes share one address space (kcmp(2) KCMP_VM); False where it cannot be told."""
+    if _SYS_KCMP is None:
+        return False
+    args = (ctypes.c_long(_SYS_KCMP), ctypes.c_long(a), ctypes.c_long(b), ctypes.c_long(KCMP_VM),
+            ctypes.c_long(0), ctypes.c_long(0))
+    return _libc.syscall(*args) == 0
 
 
 class frozen:  # noqa: N801 - used like contextlib's lowercase context managers
