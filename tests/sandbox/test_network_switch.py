@@ -2,6 +2,7 @@
 with containers and microVMs alike."""
 
 import socketserver
+import subprocess
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -10,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from sprout.sandbox import SandboxStateError, Store
+from sprout.sandbox import SandboxStateError, Store, confinement
 from sprout.sandbox.podman import bridge_name
-from tests.conftest import DEBIAN_IMAGE, RUNTIME_BIN, bridge_gateway, every_backend
+from tests.conftest import DEBIAN_IMAGE, RUNTIME_BIN, bridge_gateway, every_backend, removing_what_is_made
 
 # the interfaces besides loopback that carry a link: a container's eth0 while connected; a microVM's
 # eth0 stays, with its link down while disconnected
@@ -121,3 +122,42 @@ def test_a_sandbox_keeps_reaching_the_host_while_others_join_and_leave_the_netwo
         # timeout on a busy host is not that
         assert "000" not in reached, reached
     assert len(seen) == 1, f"the bridge's address changed: {seen}"
+
+
+@pytest.fixture
+def rt_store(base_store: Store) -> Iterator[Store]:
+    with removing_what_is_made(Store(base_store.root, runtime_bin=RUNTIME_BIN)) as st:
+        yield st
+
+
+def _interfaces(sandbox) -> set[str]:
+    """The network interfaces the sandbox sees."""
+    lines = sandbox.exec("cat /proc/net/dev").output.splitlines()[2:]
+    return {line.split(":")[0].strip() for line in lines if ":" in line}
+
+
+@pytest.mark.rootless
+def test_a_sandbox_whose_interface_was_lost_is_connected_again(rt_store):
+    """Podman can record a container as connected while its network namespace has lost the interface
+    (rootless podman does so now and then at a start): switching the network on makes it again."""
+    sandbox = rt_store.create_sandbox(DEBIAN_IMAGE, network=True)
+    netns = f"/proc/{confinement.read(sandbox.profile_path)['init_pid']}/ns/net"
+    subprocess.run(["nsenter", f"--net={netns}", "ip", "link", "delete", "eth0"], check=True)
+    assert not sandbox.network_enabled and _interfaces(sandbox) == {"lo"}
+    sandbox.set_network(True)
+    assert sandbox.network_enabled and "eth0" in _interfaces(sandbox)
+
+
+@pytest.mark.rootless
+def test_sandboxes_started_at_once_all_have_their_network(rt_store):
+    """Rootless podman lost a starting container's interface in 2.5% of starts, 4 at a time (its record
+    still said connected): each start looks, and connects it again."""
+    def has_its_interface(_: int) -> bool:
+        sandbox = rt_store.create_sandbox(DEBIAN_IMAGE, network=True)
+        try:
+            return "eth0" in _interfaces(sandbox)
+        finally:
+            sandbox.destroy()
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(has_its_interface, range(48)))

@@ -51,11 +51,14 @@ class ContainerBackend:
             network=sandbox.limits.get("network", True), mounts=trust.container_mounts(host),
             labels=store.labels(sandbox.id))
         container_id = podman.run_container(spec)
+        profile = confinement.capture(container_id)
         if spec.network and sandbox.limits.get("network_connected") is False:  # as it was switched last
             podman.set_network(sandbox.container, False)
+        elif spec.network and not podman.connected(profile["init_pid"]):
+            podman.reconnect(sandbox.container)
         sandbox.profile_path.parent.mkdir(parents=True, exist_ok=True)
         lock = sandbox.profile_path.parent / "freeze.lock"  # serializes freezes (processes.frozen)
-        confinement.write(confinement.capture(container_id) | {"freeze_lock": str(lock)}, sandbox.profile_path)
+        confinement.write(profile | {"freeze_lock": str(lock)}, sandbox.profile_path)
 
     def stop(self, sandbox: "Sandbox") -> None:
         podman.remove_container(sandbox.container)
@@ -77,9 +80,12 @@ class ContainerBackend:
             return
         try:
             podman.set_network(sandbox.container, enabled)
-        except CommandError:
-            if self.network_enabled(sandbox) != enabled:  # unless another caller switched it meanwhile
+        except CommandError as e:
+            if self.network_enabled(sandbox) == enabled:  # another caller switched it meanwhile
+                return
+            if not enabled or "already connected" not in str(e):
                 raise
+            podman.reconnect(sandbox.container)  # podman's record outlived the interface
 
     def exec(self, sandbox: "Sandbox", argv: list[str], *, cwd: str, env: dict[str, str], user: str | int | None,
              timeout: float | None, max_output: int, cancel: threading.Event | None) -> ExecResult:
