@@ -96,6 +96,9 @@ OTHER_VARIABLES: dict[str, str] = {
     "SPROUT_STORE_MIN_FREE_GB": "ops/setup_podman.sh: the loop file grows when the store has less free "
                                 "(default 10).",
     "SPROUT_PYTHON": "ops/setup_podman.sh: the Python 3.12 to build .venv with (default: found via pyenv).",
+    "SPROUT_CGROUP_FAVORDYNMODS": "ops/setup_podman.sh: 0 leaves the cgroup2 mount's options alone (default 1: "
+                                  "it remounts it with favordynmods, so commands join their cgroups without "
+                                  "waiting).",
     "SPROUT_TASKS_DIR": "examples/qwen/run.py: the Harbor tasks directory it benchmarks.",
     "SPROUT_TEST_POSTGRES_URL": "The tests: the PostgreSQL server of the Run Store tests "
                                 "(ops/postgres_for_tests.sh prints it).",
