@@ -119,10 +119,9 @@ def _cgroups() -> Check:
 def cgroup2_favordynmods() -> bool | None:
     """Whether the cgroup2 mount has favordynmods (None: no cgroup2 mount). With it a command joins its
     sandbox's cgroups without waiting for an RCU grace period; ops/setup_podman.sh turns it on."""
-    for line in Path("/proc/mounts").read_text().splitlines():
-        _, point, kind, options, *_ = line.split()
-        if kind == "cgroup2" and point in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
-            return "favordynmods" in options.split(",")
+    for point in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
+        if (point / "cgroup.controllers").exists():  # the root of the cgroup2 hierarchy
+            return "favordynmods" in btrfs.mount_options(point)
     return None
 
 
