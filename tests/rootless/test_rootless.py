@@ -18,7 +18,14 @@ import pytest
 from sprout import rootless
 from sprout.sandbox import Store, btrfs, confinement, processes
 from sprout.sandbox.errors import TransferError
-from tests.conftest import DEBIAN_IMAGE, MAIN_THREAD_EXITS, PYTHON_IMAGE, REPO, RUNTIME_BIN
+from tests.conftest import (
+    DEBIAN_IMAGE,
+    MAIN_THREAD_EXITS,
+    PYTHON_IMAGE,
+    REPO,
+    RUNTIME_BIN,
+    running_thread_names,
+)
 
 pytestmark = pytest.mark.rootless
 
@@ -108,7 +115,7 @@ def test_a_process_whose_main_thread_exited_is_killed_at_a_timeout_and_stopped_b
     before = processes.processes(profile)
     assert sandbox.exec("(setsid python3 /root/t.py &) ; sleep 1 ; sleep 1000", timeout=3).timed_out
     assert processes.processes(profile) == before
-    assert "python3" not in sandbox.exec("cat /proc/[0-9]*/task/*/comm").output
+    assert "python3" not in running_thread_names(sandbox)
     sandbox.exec("(setsid python3 /root/t.py &) ; sleep 1")
     [(escaped, _start)] = processes.processes(profile) - before  # its running thread keeps it in the list
     with processes.frozen(profile) as ok:

@@ -19,6 +19,7 @@ from tests.conftest import (
     VFORK_CHILD_STOPS,
     every_backend,
     removing_what_is_made,
+    running_thread_names,
 )
 
 SUBVOL_CREATE = 0x5000940E  # BTRFS_IOC_SUBVOL_CREATE: a default container (no CAP_SYS_ADMIN) may call it
@@ -152,7 +153,7 @@ def test_timeout_kills_a_process_whose_main_thread_exited(store):
     sb.exec(["python3", "-c", "import sys; open('/root/t.py', 'w').write(sys.argv[1])", MAIN_THREAD_EXITS])
     result = sb.exec("(setsid python3 /root/t.py &) ; sleep 1 ; sleep 1000", timeout=3)
     assert result.timed_out and result.exit_code == 124
-    assert "python3" not in sb.exec("cat /proc/[0-9]*/task/*/comm").output
+    assert "python3" not in running_thread_names(sb)
 
 
 WRITER = textwrap.dedent("""\
