@@ -192,7 +192,7 @@ def run_container(spec: ContainerSpec) -> str:
     try:
         container_id = podman(*args, what="podman run", timeout=settings().start_timeout)
     except CommandError:
-        shell.run([*command(), "rm", "-f", "-t", "0", spec.name], check=False)
+        remove_container(spec.name)
         raise
     if spec.network:
         pin_bridge_address()
@@ -234,7 +234,7 @@ def keep_rootless_network() -> None:
     running = shell.run([*command(), "container", "inspect", "-f", "{{.State.Running}}", NETWORK_KEEPER], check=False)
     if running.returncode == 0 and running.stdout.decode().strip() == "true":
         return
-    shell.run([*command(), "rm", "-f", "-t", "0", NETWORK_KEEPER], check=False)
+    remove_container(NETWORK_KEEPER)
     root = rootless.runtime_dir() / "sprout-network-keeper"
     root.mkdir(parents=True, exist_ok=True)
     shell.run([*command(), "run", "-d", "--init", "--name", NETWORK_KEEPER, "--network", network(), "--log-driver",
